@@ -1,0 +1,128 @@
+// Communicator: a synchronous collective engine on raw memory.
+//
+// Contract shared by every backend (shm, gloo, mpi, threads):
+//  - Every rank of the communicator calls the same collectives in the same order
+//    with matching arguments (count, dtype, op, root, scale factors). Backends
+//    check this across ranks and throw ContractError on every rank, naming the
+//    operation, the argument, the ranks and both values, when it does not hold.
+//  - Counts are in elements, not bytes. A count of 0 is legal.
+//  - `in == out` selects the in-place variant; otherwise the buffers must not
+//    overlap.
+//  - Each call takes an options struct; a timeout of 0 means the communicator's
+//    default (KOLO_TIMEOUT_SECONDS). A call that does not complete in time throws
+//    TimeoutError; a dead peer throws RuntimeFault naming it.
+//  - Calls on one communicator must not run concurrently (the engine calls them
+//    from its single background thread). Different communicators are independent.
+//  - After a RuntimeFault the communicator is unusable: destroy it and build a new
+//    one (with a fresh store prefix) from the surviving ranks.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kolo/core/dtype.h"
+
+namespace kolo {
+
+class Store;
+
+// Options common to every collective.
+struct CollectiveOptions {
+  std::chrono::milliseconds timeout{0};  // 0 = communicator default
+};
+
+struct AllreduceOptions {
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;   // applied to each rank's input before reducing
+  double postscale = 1.0;  // applied to the reduced result
+  std::chrono::milliseconds timeout{0};
+};
+
+struct BroadcastOptions {
+  int root = 0;
+  std::chrono::milliseconds timeout{0};
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "shm", "gloo", "mpi" or "threads".
+  virtual const char* backend() const = 0;
+
+  // out[i] = postscale * op_k(prescale * in_k[i]) over ranks k; `count` elements.
+  virtual void allreduce(const void* in, void* out, size_t count, DType dtype,
+                         const AllreduceOptions& options) = 0;
+
+  // out = concat over ranks of each rank's `count` elements: out holds size()*count.
+  // In place (MPI_IN_PLACE layout): in == out + rank()*count elements, i.e. this
+  // rank's block already sits at its position in out.
+  virtual void allgather(const void* in, void* out, size_t count, DType dtype,
+                         const CollectiveOptions& options) = 0;
+
+  // Variable counts: rank k contributes counts[k] elements (its own `in` holds
+  // counts[rank()]); out holds sum(counts) in rank order. counts must be identical
+  // on every rank. In place: in == out + (sum of counts[k] for k < rank()).
+  virtual void allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
+                          DType dtype, const CollectiveOptions& options) = 0;
+
+  // Root's buffer is copied to every rank's buffer.
+  virtual void broadcast(void* buffer, size_t count, DType dtype,
+                         const BroadcastOptions& options) = 0;
+
+  // `in` holds size()*count elements; rank r receives into `out` (count elements)
+  // the reduction of every rank's block r. In place: out == in (the result is
+  // written over the first `count` elements of in).
+  virtual void reducescatter(const void* in, void* out, size_t count, DType dtype,
+                             const AllreduceOptions& options) = 0;
+
+  // `in` holds size()*count elements: block k goes to rank k. `out` holds
+  // size()*count elements: block k came from rank k. In place: in == out.
+  virtual void alltoall(const void* in, void* out, size_t count, DType dtype,
+                        const CollectiveOptions& options) = 0;
+
+  // send_counts[k] elements go to rank k (taken consecutively from `in`);
+  // recv_counts[k] elements arrive from rank k (placed consecutively in `out`).
+  // send_counts[k] on rank r must equal recv_counts[r] on rank k. Not in place.
+  virtual void alltoallv(const void* in, const std::vector<size_t>& send_counts, void* out,
+                         const std::vector<size_t>& recv_counts, DType dtype,
+                         const CollectiveOptions& options) = 0;
+
+  virtual void barrier(const CollectiveOptions& options) = 0;
+};
+
+// How to build one communicator. Every member builds it with the same `prefix`
+// and `size`; the store is how members find each other.
+struct CommunicatorOptions {
+  int rank = 0;
+  int size = 1;
+  std::shared_ptr<Store> store;  // rendezvous; may be null only for size 1 and mpi
+  // Namespace for this communicator's keys in the store and for its shared
+  // segment. Rebuilding after a failure uses a new prefix ("world/1", ...).
+  std::string prefix = "world/0";
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // default per call
+  // Validate counts/dtypes/ops across ranks on every call (gloo and mpi pay one
+  // small extra exchange for it; shm checks for free). The engine turns it off
+  // for collectives it has already negotiated.
+  bool check_args = true;
+};
+
+// Backend names accepted by make_communicator.
+std::vector<std::string> compiled_backends();
+
+// Builds a communicator of backend "shm", "gloo" or "mpi". Throws ContractError
+// for an unknown or not-compiled backend, RuntimeFault if peers do not arrive.
+std::unique_ptr<Communicator> make_communicator(const std::string& backend,
+                                                const CommunicatorOptions& options);
+
+// Ranks as threads: builds all `size` communicators of one in-process world at
+// once; hand communicator k to thread k. For tests and single-process demos.
+std::vector<std::unique_ptr<Communicator>> make_thread_communicators(
+    int size, std::chrono::milliseconds timeout = std::chrono::seconds(300));
+
+}  // namespace kolo

@@ -1,0 +1,40 @@
+// Element types and reduction operations understood by every communicator.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace kolo {
+
+// Element type of a buffer handed to a collective. f16 and bf16 are stored as
+// 16-bit patterns and accumulated in f32 by every reduction.
+enum class DType : uint8_t { kU8, kI8, kI32, kI64, kF16, kBF16, kF32, kF64 };
+
+// Reduction applied by allreduce and reducescatter.
+// Integer dtypes: kAverage and non-unit scale factors are computed in double
+// precision and rounded to nearest (ties away from zero) when stored.
+enum class ReduceOp : uint8_t { kSum, kAverage, kMin, kMax, kProduct };
+
+constexpr int kNumDTypes = 8;
+constexpr int kNumReduceOps = 5;
+
+// Size of one element in bytes.
+size_t dtype_size(DType dtype);
+// "u8", "i8", "i32", "i64", "f16", "bf16", "f32", "f64".
+const char* dtype_name(DType dtype);
+// "sum", "average", "min", "max", "product".
+const char* reduce_op_name(ReduceOp op);
+bool is_floating(DType dtype);
+
+// Parses the names above; throws ContractError listing the accepted names.
+DType parse_dtype(const std::string& name);
+ReduceOp parse_reduce_op(const std::string& name);
+
+// IEEE half / bfloat16 <-> float, round to nearest even.
+uint16_t float_to_f16(float value);
+float f16_to_float(uint16_t bits);
+uint16_t float_to_bf16(float value);
+float bf16_to_float(uint16_t bits);
+
+}  // namespace kolo

@@ -1,0 +1,73 @@
+// The kolo runtime: init, placement queries, the world communicator.
+//
+// A Runtime is an explicit object: it owns the configuration, the topology,
+// the rendezvous store and the world communicator (and, later, the engine).
+// Tests build as many as they like (ranks as threads). The free functions
+// (kolo::init, kolo::rank, ...) act on one process-wide default Runtime, the
+// Horovod-style entry point for programs; that default instance is the only
+// process-level state in kolo.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "kolo/core/communicator.h"
+#include "kolo/core/config.h"
+#include "kolo/core/store.h"
+#include "kolo/core/topology.h"
+
+namespace kolo {
+
+struct InitOptions {
+  // Overrides KOLO_BACKEND: "auto", "shm", "gloo", "mpi". Auto: mpi when started
+  // by mpirun/srun with MPI compiled in, shm when every rank is on this host,
+  // gloo otherwise.
+  std::optional<std::string> backend;
+  // Overrides KOLO_TIMEOUT_SECONDS (default per collective and for rendezvous).
+  std::optional<std::chrono::milliseconds> timeout;
+  // Environment to read (tests inject one); defaults to the process environment.
+  EnvLookup env;
+};
+
+class Runtime {
+ public:
+  // Bootstraps: reads config, detects the topology, connects the store, builds
+  // the world communicator. Throws ContractError / RuntimeFault.
+  explicit Runtime(const InitOptions& options = {});
+  // Ranks as threads: wraps an existing communicator (no store, no env).
+  Runtime(std::unique_ptr<Communicator> world, Config config);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  const Topology& topology() const { return topology_; }
+  const Config& config() const { return config_; }
+  Communicator& world() { return *world_; }
+  // Null for ranks-as-threads runtimes and for mpi without a store.
+  const std::shared_ptr<Store>& store() const { return store_; }
+
+ private:
+  Config config_;
+  Topology topology_;
+  std::unique_ptr<TcpStoreServer> store_server_;  // torchrun-style rank 0 only
+  std::shared_ptr<Store> store_;
+  std::unique_ptr<Communicator> world_;
+};
+
+// Process-wide default runtime (Horovod-style API). init() twice without
+// shutdown() is a ContractError; everything below before init() is a
+// ContractError saying to call kolo::init() first.
+void init(const InitOptions& options = {});
+void shutdown();
+bool is_initialized();
+Runtime& runtime();
+int rank();
+int size();
+int local_rank();
+int local_size();
+int cross_rank();
+int cross_size();
+
+}  // namespace kolo

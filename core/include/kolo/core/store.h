@@ -1,0 +1,69 @@
+// Rendezvous key-value store: how ranks find each other.
+//
+// Values are byte strings. get() and wait() block until the key exists or the
+// timeout passes (TimeoutError naming the missing keys). add() is an atomic
+// counter (value stored as decimal text) and returns the new value.
+// Implementations are thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kolo {
+
+using Bytes = std::vector<uint8_t>;
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual void set(const std::string& key, const Bytes& value) = 0;
+  virtual Bytes get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // True if every key exists now; never blocks.
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+  virtual void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
+  // Removes a key; returns whether it existed.
+  virtual bool erase(const std::string& key) = 0;
+};
+
+Bytes to_bytes(const std::string& text);
+std::string to_string(const Bytes& bytes);
+
+// In-process store (a map under a mutex) for ranks-as-threads tests.
+std::shared_ptr<Store> make_memory_store();
+
+// A store in a directory shared by the ranks (one file per key, written
+// atomically). For tests of separate processes without a server.
+std::shared_ptr<Store> make_file_store(const std::string& directory);
+
+// Every key is transparently prefixed with `prefix + "/"`.
+std::shared_ptr<Store> make_prefix_store(std::shared_ptr<Store> inner, const std::string& prefix);
+
+// Client of a TcpStoreServer. Connects with retries until `connect_timeout`.
+// A lost connection raises RuntimeFault naming the server address.
+std::shared_ptr<Store> connect_tcp_store(const std::string& host, int port,
+                                         std::chrono::milliseconds connect_timeout);
+
+// TCP store server. Served by kolorun (or, without kolorun, by rank 0 in
+// torchrun-style bootstrap). Runs its own thread until destroyed.
+class TcpStoreServer {
+ public:
+  struct Options {
+    std::string bind_address = "127.0.0.1";  // "0.0.0.0" when other hosts take part
+    int port = 0;                            // 0 = pick a free port
+  };
+  explicit TcpStoreServer(const Options& options);
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kolo

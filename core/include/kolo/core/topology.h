@@ -1,0 +1,40 @@
+// Where this process sits in the job: rank, size, local and cross placement,
+// and how to reach the rendezvous store. Found from the launcher's variables.
+#pragma once
+
+#include <string>
+
+#include "kolo/core/config.h"
+
+namespace kolo {
+
+struct Topology {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;   // index among the ranks on this host
+  int local_size = 1;   // ranks on this host
+  int cross_rank = 0;   // index of this host among the hosts (ordered by lowest rank)
+  int cross_size = 1;   // number of hosts
+  // Which launcher the values came from: "kolorun", "openmpi", "pmi", "slurm",
+  // "torchrun" or "none" (a world of one).
+  std::string source = "none";
+  // Rendezvous store address; empty when the source provides none (mpi needs none).
+  std::string store_host;
+  int store_port = 0;
+  // True when this process must serve the store itself (torchrun-style rank 0).
+  bool serve_store = false;
+  // Unique per job (names shared-memory segments); derived from the source.
+  std::string job_id;
+  // Whether local_* / cross_* were given by the source; otherwise the runtime
+  // computes them by exchanging host names through the store or communicator.
+  bool placement_known = false;
+};
+
+// Detects the topology from the environment, in order: kolorun (KOLO_RANK...),
+// OpenMPI (OMPI_COMM_WORLD_*), MPICH/PMI (PMI_RANK, PMI_SIZE), Slurm
+// (SLURM_PROCID, SLURM_NTASKS), torchrun (RANK, WORLD_SIZE, LOCAL_RANK,
+// MASTER_ADDR, MASTER_PORT). None of them: a world of one. Inconsistent values
+// (rank >= size, a non-number) throw ContractError naming the variable.
+Topology detect_topology(const EnvLookup& env, const Config& config);
+
+}  // namespace kolo

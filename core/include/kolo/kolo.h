@@ -1,0 +1,10 @@
+// Umbrella header for kolo's core (no libtorch).
+#pragma once
+
+#include "kolo/core/communicator.h"
+#include "kolo/core/config.h"
+#include "kolo/core/dtype.h"
+#include "kolo/core/errors.h"
+#include "kolo/core/runtime.h"
+#include "kolo/core/store.h"
+#include "kolo/core/topology.h"

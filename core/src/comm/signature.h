@@ -1,0 +1,53 @@
+// Cross-rank argument checking (internal).
+//
+// Every collective call is summarised as a fixed-size CallSignature. Backends
+// exchange signatures (shm: in the shared control block, for free; gloo/mpi:
+// one small allgather when CommunicatorOptions::check_args is on) and call
+// check_signatures(), which throws the same ContractError on every rank when
+// they disagree.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kolo/core/communicator.h"
+#include "kolo/core/dtype.h"
+
+namespace kolo::detail {
+
+enum class CollectiveKind : uint8_t {
+  kAllreduce, kAllgather, kAllgatherv, kBroadcast, kReducescatter, kAlltoall, kAlltoallv, kBarrier
+};
+const char* collective_name(CollectiveKind kind);
+
+// Trivially copyable; 48 bytes. Fields that do not apply to a kind are zero.
+struct CallSignature {
+  uint64_t sequence = 0;   // per-communicator call number (catches skipped calls)
+  uint64_t count = 0;      // elements (allgatherv/alltoallv: a hash of the counts vector)
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root = 0;
+  CollectiveKind kind = CollectiveKind::kBarrier;
+  DType dtype = DType::kU8;
+  ReduceOp op = ReduceOp::kSum;
+  uint8_t pad[9] = {};
+};
+static_assert(sizeof(CallSignature) == 48, "CallSignature is exchanged as raw bytes");
+
+// Hash of a counts vector, stable across ranks (for allgatherv / alltoallv).
+uint64_t hash_counts(const std::vector<size_t>& counts);
+
+// Throws ContractError if any signature differs from rank 0's, e.g.
+// "kolo allreduce: count differs across ranks: rank 0 passed 1000, rank 2 passed 999.
+//  Every rank must call allreduce with the same count."
+// `signatures[k]` is rank k's. Called identically on every rank -> same error everywhere.
+void check_signatures(const std::vector<CallSignature>& signatures);
+
+// Local argument validation at the API boundary (null pointer with count > 0,
+// bad root, vector sizes != world size, unsupported op for dtype...). Throws
+// ContractError naming the operation, the argument and the value.
+void check_local_args(CollectiveKind kind, int size, const void* in, const void* out,
+                      size_t count, const AllreduceOptions* reduce_options, int root);
+
+}  // namespace kolo::detail

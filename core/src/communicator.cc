@@ -1,0 +1,43 @@
+// Backend dispatch for make_communicator().
+#include "kolo/core/communicator.h"
+
+#include "comm/backends.h"
+#include "kolo/core/errors.h"
+
+namespace kolo {
+
+std::vector<std::string> compiled_backends() {
+  std::vector<std::string> names = {"shm"};
+#if KOLO_HAVE_GLOO
+  names.push_back("gloo");
+#endif
+#if KOLO_HAVE_MPI
+  names.push_back("mpi");
+#endif
+  return names;
+}
+
+std::unique_ptr<Communicator> make_communicator(const std::string& backend,
+                                                const CommunicatorOptions& options) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    throw ContractError("kolo make_communicator: rank " + std::to_string(options.rank) +
+                        " is not in [0, size=" + std::to_string(options.size) + ")");
+  }
+  if (options.timeout.count() <= 0) {
+    throw ContractError("kolo make_communicator: timeout must be > 0 ms, got " +
+                        std::to_string(options.timeout.count()));
+  }
+  if (backend == "shm") return detail::make_shm_communicator(options);
+#if KOLO_HAVE_GLOO
+  if (backend == "gloo") return detail::make_gloo_communicator(options);
+#endif
+#if KOLO_HAVE_MPI
+  if (backend == "mpi") return detail::make_mpi_communicator(options);
+#endif
+  std::string list;
+  for (const auto& name : compiled_backends()) list += (list.empty() ? "" : ", ") + name;
+  throw ContractError("kolo make_communicator: unknown or not compiled-in backend '" + backend +
+                      "'; this build has: " + list + " (see kolorun --check-build)");
+}
+
+}  // namespace kolo

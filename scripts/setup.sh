@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kolo needs, only those that are missing.
+# Run as root on Debian 12 (CI and the README's quick start do).
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libopenmpi-dev openmpi-bin         # mpi backend, mpirun baseline
+  libgloo-dev                        # gloo backend
+  libgtest-dev libgmock-dev          # tests
+  libbenchmark-dev
+  libcli11-dev nlohmann-json3-dev libfmt-dev
+  libopenblas0-pthread               # libtorch otherwise uses the reference BLAS
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "setup: missing packages and not root; run as root or: apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all packages present"
+fi
