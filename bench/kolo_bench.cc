@@ -1,0 +1,2 @@
+// PLACEHOLDER: replaced by the real benchmark driver.
+int main() { return 1; }

@@ -1,0 +1,2 @@
+// PLACEHOLDER: replaced by the real launcher.
+int main() { return 1; }

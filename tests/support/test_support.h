@@ -1,0 +1,2 @@
+// PLACEHOLDER: shared test helpers (ranks-as-threads harness, references).
+#pragma once
