@@ -1,2 +1,0 @@
-// PLACEHOLDER: shared test helpers (ranks-as-threads harness, references).
-#pragma once
