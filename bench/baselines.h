@@ -1,0 +1,34 @@
+// Peers kolo is measured against in the same run (never used by kolo itself).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "kolo/core/communicator.h"
+#include "kolo/core/store.h"
+
+namespace kolo::bench {
+
+// A raw f32-sum allreduce of a fixed size, set up once and run repeatedly.
+class RawAllreduce {
+ public:
+  virtual ~RawAllreduce() = default;
+  virtual void run() = 0;
+};
+
+// Raw MPI_Allreduce on MPI_COMM_WORLD (out of place, MPI_FLOAT, MPI_SUM).
+// Null when MPI is not compiled in or this process was not started by mpirun.
+std::function<std::unique_ptr<RawAllreduce>(size_t count)> mpi_raw_allreduce_factory();
+
+// Raw gloo::AllreduceRingChunked<float> over a TCP context of its own
+// (rendezvous through `store`). Null when gloo is not compiled in.
+std::function<std::unique_ptr<RawAllreduce>(size_t count)> gloo_raw_allreduce_factory(
+    std::shared_ptr<Store> store, int rank, int size);
+
+// STREAM-like copy bandwidth in GB/s counted read + write (2 * bytes / time),
+// single thread, median of repeats.
+double memcpy_bandwidth_gbps(size_t bytes);
+
+}  // namespace kolo::bench

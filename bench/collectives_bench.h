@@ -1,0 +1,32 @@
+// `kolo-bench collectives`: latency and bandwidth of every collective on every
+// backend that can run here, with the peers (raw MPI_Allreduce, raw Gloo ring
+// chunked, memcpy bandwidth) measured in the same run.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "timing.h"
+
+namespace kolo::bench {
+
+struct CollectivesOptions {
+  size_t min_bytes = 4;
+  size_t max_bytes = size_t{256} << 20;
+  int size_step = 4;  // sizes are min_bytes * step^k
+  std::vector<std::string> ops = {"allreduce", "allgather", "reducescatter", "broadcast",
+                                  "alltoall"};
+  // Backends to measure besides the world's own; "all" = every compiled one
+  // that can be built here.
+  std::vector<std::string> backends = {"all"};
+  bool baselines = true;
+  bool json = false;              // one JSON object per row on stdout (rank 0)
+  std::string docs_path;          // when set, rank 0 rewrites its section of this file
+  std::string command_line;       // recorded in the docs section
+  TimingOptions timing;
+};
+
+// Runs inside a worker started by kolorun or mpirun (calls kolo::init itself).
+int run_collectives(const CollectivesOptions& options);
+
+}  // namespace kolo::bench
