@@ -24,7 +24,9 @@ const char* collective_name(CollectiveKind kind);
 // Trivially copyable; 48 bytes. Fields that do not apply to a kind are zero.
 struct CallSignature {
   uint64_t sequence = 0;   // per-communicator call number (catches skipped calls)
-  uint64_t count = 0;      // elements (allgatherv/alltoallv: a hash of the counts vector)
+  uint64_t count = 0;      // elements (allgatherv: hash_counts(counts); alltoallv: 0, because
+                           // its count vectors differ per rank by design, see
+                           // check_alltoallv_counts)
   double prescale = 1.0;
   double postscale = 1.0;
   int32_t root = 0;
@@ -49,5 +51,17 @@ void check_signatures(const std::vector<CallSignature>& signatures);
 // ContractError naming the operation, the argument and the value.
 void check_local_args(CollectiveKind kind, int size, const void* in, const void* out,
                       size_t count, const AllreduceOptions* reduce_options, int root);
+
+// Local check of a counts vector argument (allgatherv counts, alltoallv
+// send_counts / recv_counts): it must hold exactly `size` entries. `argument`
+// names it in the message ("counts", "send_counts", "recv_counts").
+void check_counts_arg(CollectiveKind kind, const char* argument, const std::vector<size_t>& counts,
+                      int size);
+
+// alltoallv consistency across ranks, for backends that see every rank's
+// vectors (threads, shm): send_counts[r][k] must equal recv_counts[k][r].
+// Throws the same ContractError on every rank, naming both ranks and values.
+void check_alltoallv_counts(const std::vector<std::vector<size_t>>& send_counts,
+                            const std::vector<std::vector<size_t>>& recv_counts);
 
 }  // namespace kolo::detail
