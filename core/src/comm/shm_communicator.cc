@@ -1,6 +1,1010 @@
-// PLACEHOLDER: replaced by the real implementation.
+// shm: kolo's intra-host shared-memory communicator.
+//
+// Rendezvous. Rank 0 creates a POSIX shared-memory segment under a unique
+// name and publishes the name under `<prefix>/shm_segment` in the store; the
+// others map it and register (pid, process start time) in their control slot;
+// once all have joined, rank 0 unlinks the name (a crash later leaks nothing)
+// and erases the key. Ranks may be processes or threads: each maps the segment.
+//
+// Segment layout (all offsets page- or cache-line aligned):
+//   Header        abort state, the futex "bell", joined/ready counters
+//   RankControl   per rank: posted step, left flag, pid, call signatures
+//   error texts   per rank and buffer: a local argument error to report
+//   slots         per rank, two buffers of slot_bytes (double buffering)
+//   results       two buffers of slot_bytes (reduce-scatter allreduce)
+//
+// Steps. Every collective is a sequence of steps; step numbers continue across
+// calls. In a step each rank fills its slot of buffer (step & 1), posts the
+// step number, waits until every rank has posted it, then reads what it needs
+// from the others' slots. Posting step s means a rank finished reading step
+// s-1, so by the time anyone writes buffer b again (step s+2) everybody is done
+// with it: one synchronisation per step, no second barrier.
+//
+// The first step of every call also carries this rank's CallSignature (and a
+// local argument error, if any); after the wait every rank compares them, so a
+// count/dtype/op/root mismatch throws the same ContractError on every rank and
+// leaves the communicator usable.
+//
+// Waiting spins for spin_us (yielding the core after the first microseconds),
+// then blocks on a process-shared futex; posters only wake when someone
+// registered as sleeping. A blocked waiter checks every kLivenessPeriod whether
+// the ranks it waits for are still alive (kill(pid, 0), zombies, pid reuse) and
+// throws RuntimeFault naming the dead ranks; at the call's deadline it throws
+// TimeoutError naming the late ones. Either way it marks the segment aborted,
+// so every other rank stops waiting and fails too; the communicator is then
+// unusable (communicator.h).
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
 #include "comm/backends.h"
+#include "comm/shm_segment.h"
+#include "comm/signature.h"
+#include "kolo/core/config.h"
 #include "kolo/core/errors.h"
-namespace kolo {
-namespace detail { std::unique_ptr<Communicator> make_shm_communicator(const CommunicatorOptions&) { throw ContractError("not implemented yet"); } }
-}  // namespace kolo
+#include "kolo/core/store.h"
+#include "reduce.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace kolo::detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kMagic = 0x316d68736f6c6f6bULL;  // "kolo shm1" in little-endian bytes
+constexpr size_t kPageBytes = 4096;
+constexpr size_t kHeaderBytes = 4096;
+constexpr size_t kControlBytes = 256;
+constexpr size_t kErrorBytes = 512;
+constexpr int kMaxFailedRanks = 64;
+// How often a blocked waiter checks that the ranks it waits for are alive.
+constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
+// Pure spinning before the spin phase starts yielding the core.
+constexpr auto kPureSpin = std::chrono::microseconds(5);
+constexpr int64_t kMaxChunkBytes = int64_t{1} << 30;
+
+struct Header {
+  std::atomic<uint64_t> magic;
+  uint64_t total_bytes;
+  uint64_t slot_bytes;
+  uint32_t size;
+  std::atomic<uint32_t> joined;                   // ranks that mapped the segment and registered
+  std::atomic<uint32_t> ready;                    // rank 0 saw everyone and unlinked the name
+  alignas(64) std::atomic<uint32_t> bell;         // futex word: bumped to wake sleepers
+  alignas(64) std::atomic<uint32_t> sleepers;     // ranks inside (or entering) futex_wait
+  alignas(64) std::atomic<uint32_t> abort_claim;  // 1 + rank of the first aborter
+  std::atomic<uint32_t> aborted;                  // abort_* below are valid
+  int32_t abort_rank;
+  int32_t num_failed;
+  int32_t failed[kMaxFailedRanks];
+  char abort_reason[1024];
+};
+static_assert(sizeof(Header) <= kHeaderBytes, "header fits its page");
+
+struct RankControl {
+  std::atomic<uint64_t> posted;  // last step this rank posted
+  std::atomic<uint32_t> left;    // communicator destroyed
+  int32_t pid;
+  uint64_t start_time;
+  uint32_t has_error[2];                   // per buffer: this rank's arguments failed local checks
+  alignas(64) CallSignature signature[2];  // per buffer, written in a call's first step
+};
+static_assert(sizeof(RankControl) <= kControlBytes, "control slot size");
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
+
+size_t round_up(size_t value, size_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string text;
+  for (int rank : ranks) text += (text.empty() ? "" : ", ") + std::to_string(rank);
+  return text;
+}
+
+void copy_bytes(void* dst, const void* src, size_t bytes) {
+  if (bytes != 0 && dst != src) std::memcpy(dst, src, bytes);
+}
+
+struct Tuning {
+  int spin_us;
+  size_t slot_bytes;
+};
+
+// Options fields < 0 take the KOLO_SHM_* settings from the environment.
+Tuning resolve_tuning(const CommunicatorOptions& options) {
+  int64_t spin_us = options.shm_spin_us;
+  int64_t chunk_bytes = options.shm_chunk_bytes;
+  if (spin_us < 0 || chunk_bytes < 0) {
+    const Config config = Config::load(process_env());
+    if (spin_us < 0) spin_us = config.get_int("KOLO_SHM_SPIN_US");
+    if (chunk_bytes < 0) chunk_bytes = config.get_int("KOLO_SHM_CHUNK_BYTES");
+  }
+  if (spin_us < 0 || spin_us > 1000000) {
+    throw ContractError("kolo shm: spin time (KOLO_SHM_SPIN_US) must be in [0, 1000000] us, got " +
+                        std::to_string(spin_us));
+  }
+  if (chunk_bytes < 4096 || chunk_bytes > kMaxChunkBytes) {
+    throw ContractError("kolo shm: chunk size (KOLO_SHM_CHUNK_BYTES) must be in [4096, " +
+                        std::to_string(kMaxChunkBytes) + "] bytes, got " +
+                        std::to_string(chunk_bytes));
+  }
+  Tuning tuning;
+  tuning.spin_us = static_cast<int>(spin_us);
+  // Whole pages; large enough for alltoallv's count exchange (2 * size * 8 bytes)
+  // and for one f64 element per rank in the per-destination pieces.
+  tuning.slot_bytes = round_up(
+      std::max<size_t>(static_cast<size_t>(chunk_bytes), static_cast<size_t>(options.size) * 16),
+      kPageBytes);
+  return tuning;
+}
+
+// What one call carries from its start to its end.
+struct Call {
+  CollectiveKind kind;
+  Clock::time_point deadline;
+  std::chrono::milliseconds timeout;
+  std::string local_error;  // set when this rank's arguments failed local checks
+};
+
+class ShmCommunicator final : public Communicator {
+ public:
+  explicit ShmCommunicator(const CommunicatorOptions& options);
+  ~ShmCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "shm"; }
+
+  void allreduce(const void* in, void* out, size_t count, DType dtype,
+                 const AllreduceOptions& options) override;
+  void allgather(const void* in, void* out, size_t count, DType dtype,
+                 const CollectiveOptions& options) override;
+  void allgatherv(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
+                  const CollectiveOptions& options) override;
+  void broadcast(void* buffer, size_t count, DType dtype, const BroadcastOptions& options) override;
+  void reducescatter(const void* in, void* out, size_t count, DType dtype,
+                     const AllreduceOptions& options) override;
+  void alltoall(const void* in, void* out, size_t count, DType dtype,
+                const CollectiveOptions& options) override;
+  void alltoallv(const void* in, const std::vector<size_t>& send_counts, void* out,
+                 const std::vector<size_t>& recv_counts, DType dtype,
+                 const CollectiveOptions& options) override;
+  void barrier(const CollectiveOptions& options) override;
+
+ private:
+  // --- segment access ---
+  Header* header() const { return reinterpret_cast<Header*>(segment_.data()); }
+  RankControl* control(int rank) const {
+    return reinterpret_cast<RankControl*>(segment_.data() + kHeaderBytes +
+                                          static_cast<size_t>(rank) * kControlBytes);
+  }
+  char* error_text(int rank, int buffer) const {
+    return segment_.data() + errors_offset_ +
+           (static_cast<size_t>(rank) * 2 + buffer) * kErrorBytes;
+  }
+  char* slot(int rank, int buffer) const {
+    return segment_.data() + slots_offset_ + (static_cast<size_t>(rank) * 2 + buffer) * slot_bytes_;
+  }
+  char* result(int buffer) const {
+    return segment_.data() + results_offset_ + static_cast<size_t>(buffer) * slot_bytes_;
+  }
+
+  // --- rendezvous ---
+  void create_segment(const CommunicatorOptions& options, size_t total_bytes);
+  void join_segment(const CommunicatorOptions& options, size_t total_bytes);
+  void register_self();
+
+  // --- steps ---
+  Call open_call(CollectiveKind kind, std::chrono::milliseconds timeout);
+  // Buffer index of the next step.
+  int next_buffer() const { return static_cast<int>((step_ + 1) & 1); }
+  // Writes this rank's signature (and local error) for the call's first step.
+  void publish(const Call& call, const CallSignature& signature, int buffer);
+  // Posts the next step and waits until every rank has posted it.
+  void sync(const Call& call);
+  // After the first step: throws the same ContractError on every rank when any
+  // rank reported a local error or the signatures differ.
+  void verify(const Call& call, int buffer);
+
+  // --- waiting ---
+  void ring_bell();
+  int first_missing(uint64_t step, int from) const;
+  void wait_all(uint64_t step, const Call& call);
+  template <typename Ready, typename Check>
+  void wait_until(Ready ready, Check check, Clock::time_point deadline, bool spin);
+
+  // --- faults ---
+  [[noreturn]] void fail(const std::string& message, const std::vector<int>& ranks, bool timeout);
+  void throw_if_aborted(const char* what);
+  void check_missing(uint64_t step, const Call& call, bool check_liveness);
+  // Runs `body`; a RuntimeFault leaves the communicator unusable.
+  template <typename Body>
+  void guarded(Body body);
+
+  // --- algorithms ---
+  void allreduce_gather(const Call& call, const CallSignature& signature, const char* in, char* out,
+                        size_t count, DType dtype, const AllreduceOptions& options);
+  void allreduce_scatter(const Call& call, const CallSignature& signature, const char* in,
+                         char* out, size_t count, DType dtype, const AllreduceOptions& options);
+  void gather_blocks(const Call& call, const CallSignature& signature, const char* in, char* out,
+                     const std::vector<size_t>& block_bytes, bool in_place);
+
+  int rank_;
+  int size_;
+  std::chrono::milliseconds default_timeout_;
+  std::chrono::microseconds spin_;
+  size_t slot_bytes_ = 0;
+  size_t errors_offset_ = 0;
+  size_t slots_offset_ = 0;
+  size_t results_offset_ = 0;
+  ShmSegment segment_;
+  uint64_t step_ = 0;   // last step this rank posted
+  uint64_t calls_ = 0;  // collectives started (CallSignature::sequence)
+  bool broken_ = false;
+  std::string broken_reason_;
+  std::vector<CallSignature> signatures_;  // scratch for check_signatures
+  std::vector<const void*> inputs_;        // scratch for reduce_inputs
+};
+
+// ----------------------------------------------------------------------------
+// Construction and rendezvous
+
+ShmCommunicator::ShmCommunicator(const CommunicatorOptions& options)
+    : rank_(options.rank), size_(options.size), default_timeout_(options.timeout) {
+  if (size_ > 1 && !options.store) {
+    throw ContractError("kolo make_communicator(shm): options.store is null; a world of " +
+                        std::to_string(size_) + " ranks needs a store to rendezvous");
+  }
+  const Tuning tuning = resolve_tuning(options);
+  spin_ = std::chrono::microseconds(tuning.spin_us);
+  slot_bytes_ = tuning.slot_bytes;
+  const size_t n = static_cast<size_t>(size_);
+  errors_offset_ = kHeaderBytes + round_up(n * kControlBytes, kPageBytes);
+  slots_offset_ = errors_offset_ + round_up(n * 2 * kErrorBytes, kPageBytes);
+  results_offset_ = slots_offset_ + n * 2 * slot_bytes_;
+  const size_t total_bytes = results_offset_ + 2 * slot_bytes_;
+  signatures_.resize(n);
+  inputs_.resize(n);
+
+  if (rank_ == 0) {
+    create_segment(options, total_bytes);
+  } else {
+    join_segment(options, total_bytes);
+  }
+}
+
+void ShmCommunicator::register_self() {
+  RankControl* self = control(rank_);
+  self->pid = static_cast<int32_t>(getpid());
+  self->start_time = process_start_time(getpid());
+  header()->joined.fetch_add(1, std::memory_order_seq_cst);
+  ring_bell();
+}
+
+void ShmCommunicator::create_segment(const CommunicatorOptions& options, size_t total_bytes) {
+  segment_ = ShmSegment::create(unique_segment_name(), total_bytes);
+  Header* h = header();
+  h->total_bytes = total_bytes;
+  h->slot_bytes = slot_bytes_;
+  h->size = static_cast<uint32_t>(size_);
+  h->magic.store(kMagic, std::memory_order_release);
+  register_self();
+  if (size_ == 1) {
+    segment_.unlink();
+    return;
+  }
+  const std::string key = options.prefix + "/shm_segment";
+  options.store->set(key, to_bytes(segment_.name() + " " + std::to_string(total_bytes)));
+  const auto deadline = Clock::now() + options.timeout;
+  try {
+    wait_until(
+        [&] { return h->joined.load(std::memory_order_acquire) == static_cast<uint32_t>(size_); },
+        [&](bool) {}, deadline, false);
+  } catch (const TimeoutError&) {
+    std::vector<int> missing;
+    for (int k = 1; k < size_; ++k) {
+      if (control(k)->pid == 0) missing.push_back(k);
+    }
+    segment_.unlink();
+    options.store->erase(key);
+    throw TimeoutError("kolo make_communicator(shm): rank(s) " + rank_list(missing) +
+                           " did not join the shared segment within " +
+                           std::to_string(options.timeout.count()) + " ms (prefix '" +
+                           options.prefix + "')",
+                       missing);
+  }
+  // Everyone has it mapped: the name is no longer needed.
+  segment_.unlink();
+  options.store->erase(key);
+  h->ready.store(1, std::memory_order_seq_cst);
+  ring_bell();
+}
+
+void ShmCommunicator::join_segment(const CommunicatorOptions& options, size_t total_bytes) {
+  const std::string key = options.prefix + "/shm_segment";
+  const std::string value = to_string(options.store->get(key, options.timeout));
+  const size_t space = value.rfind(' ');
+  const std::string name = value.substr(0, space);
+  const size_t published_bytes =
+      space == std::string::npos ? 0 : std::strtoull(value.c_str() + space + 1, nullptr, 10);
+  if (published_bytes != total_bytes) {
+    throw ContractError("kolo make_communicator(shm): rank 0 built a segment of " +
+                        std::to_string(published_bytes) + " bytes, rank " + std::to_string(rank_) +
+                        " expects " + std::to_string(total_bytes) +
+                        ": every rank must use the same size and KOLO_SHM_CHUNK_BYTES");
+  }
+  segment_ = ShmSegment::open(name, total_bytes);
+  Header* h = header();
+  if (h->magic.load(std::memory_order_acquire) != kMagic ||
+      h->size != static_cast<uint32_t>(size_)) {
+    throw ContractError("kolo make_communicator(shm): segment '" + name + "' was built for " +
+                        std::to_string(h->size) + " ranks, rank " + std::to_string(rank_) +
+                        " was given size " + std::to_string(size_));
+  }
+  register_self();
+  const auto deadline = Clock::now() + options.timeout;
+  try {
+    wait_until([&] { return h->ready.load(std::memory_order_acquire) != 0; },
+               [&](bool liveness) {
+                 if (liveness && !process_alive(control(0)->pid, control(0)->start_time)) {
+                   throw RuntimeFault(
+                       "kolo make_communicator(shm): rank 0 died before the rendezvous finished",
+                       {0});
+                 }
+               },
+               deadline, false);
+  } catch (const TimeoutError&) {
+    throw TimeoutError("kolo make_communicator(shm): rank " + std::to_string(rank_) +
+                           " timed out after " + std::to_string(options.timeout.count()) +
+                           " ms waiting for the other ranks to join (prefix '" + options.prefix +
+                           "')",
+                       {0});
+  }
+}
+
+ShmCommunicator::~ShmCommunicator() {
+  if (segment_.data() == nullptr) return;
+  // Ranks still waiting for this one fail fast instead of timing out.
+  control(rank_)->left.store(1, std::memory_order_seq_cst);
+  ring_bell();
+}
+
+// ----------------------------------------------------------------------------
+// Waiting
+
+void ShmCommunicator::ring_bell() {
+  header()->bell.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(&header()->bell);
+}
+
+int ShmCommunicator::first_missing(uint64_t step, int from) const {
+  for (int k = from; k < size_; ++k) {
+    if (control(k)->posted.load(std::memory_order_acquire) < step) return k;
+  }
+  return -1;
+}
+
+// Spins (if `spin`) then blocks on the bell until ready(). check(liveness_due)
+// runs after every wake-up and may throw; at the deadline throws TimeoutError
+// (callers that know more replace its message).
+template <typename Ready, typename Check>
+void ShmCommunicator::wait_until(Ready ready, Check check, Clock::time_point deadline, bool spin) {
+  if (ready()) return;
+  Header* h = header();
+  if (spin && spin_.count() > 0) {
+    const auto start = Clock::now();
+    const auto spin_end = start + spin_;
+    for (uint32_t i = 1;; ++i) {
+      cpu_relax();
+      if (ready()) return;
+      if ((i & 63) == 0) {
+        if (h->aborted.load(std::memory_order_relaxed) != 0) break;
+        const auto now = Clock::now();
+        if (now >= spin_end) break;
+        // Past the first microseconds the peer is likely descheduled or busy:
+        // give the core away (matters when ranks outnumber cores).
+        if (now - start >= kPureSpin) sched_yield();
+      }
+    }
+  }
+  auto next_liveness = Clock::now() + kLivenessPeriod;
+  while (true) {
+    h->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t bell = h->bell.load(std::memory_order_seq_cst);
+    if (ready()) {
+      h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      return;
+    }
+    auto now = Clock::now();
+    const auto until = std::min(deadline, next_liveness);
+    if (h->aborted.load(std::memory_order_acquire) == 0 && until > now) {
+      futex_wait(&h->bell, bell, until - now);
+    }
+    h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (ready()) return;
+    now = Clock::now();
+    const bool liveness_due = now >= next_liveness;
+    if (liveness_due) next_liveness = now + kLivenessPeriod;
+    check(liveness_due);
+    if (now >= deadline) throw TimeoutError("kolo shm: wait timed out");
+  }
+}
+
+void ShmCommunicator::wait_all(uint64_t step, const Call& call) {
+  int missing = first_missing(step, 0);
+  if (missing < 0) return;
+  try {
+    wait_until(
+        [&] {
+          missing = first_missing(step, missing);
+          return missing < 0;
+        },
+        [&](bool liveness_due) { check_missing(step, call, liveness_due); }, call.deadline, true);
+  } catch (const TimeoutError&) {
+    throw_if_aborted(collective_name(call.kind));
+    std::vector<int> late;
+    for (int k = 0; k < size_; ++k) {
+      if (control(k)->posted.load(std::memory_order_acquire) < step) late.push_back(k);
+    }
+    if (!call.local_error.empty()) {
+      // This rank's own arguments were wrong; say so rather than blame the others.
+      throw ContractError(call.local_error);
+    }
+    fail("kolo " + std::string(collective_name(call.kind)) + ": timed out after " +
+             std::to_string(call.timeout.count()) + " ms on rank " + std::to_string(rank_) +
+             " waiting for rank(s) " + rank_list(late) +
+             " to reach the same collective (shm). Every rank must call the same collectives "
+             "in the same order; a rank may be stuck or too slow (see KOLO_TIMEOUT_SECONDS)",
+         late, true);
+  }
+}
+
+// Called while waiting for `step`: fails when the segment was aborted, when a
+// missing rank destroyed its communicator, or (liveness checks) when it died.
+void ShmCommunicator::check_missing(uint64_t step, const Call& call, bool check_liveness) {
+  const char* name = collective_name(call.kind);
+  throw_if_aborted(name);
+  std::vector<int> gone;
+  std::vector<int> dead;
+  for (int k = 0; k < size_; ++k) {
+    RankControl* peer = control(k);
+    if (peer->posted.load(std::memory_order_acquire) >= step) continue;
+    if (peer->left.load(std::memory_order_acquire) != 0) {
+      gone.push_back(k);
+    } else if (check_liveness && !process_alive(peer->pid, peer->start_time)) {
+      dead.push_back(k);
+    }
+  }
+  if (!dead.empty()) {
+    std::string pids;
+    for (int k : dead) pids += (pids.empty() ? "" : ", ") + std::to_string(control(k)->pid);
+    fail("kolo " + std::string(name) + ": rank(s) " + rank_list(dead) + " died (pid " + pids +
+             ") while rank " + std::to_string(rank_) + " waited for them (shm)",
+         dead, false);
+  }
+  if (!gone.empty()) {
+    fail("kolo " + std::string(name) + ": rank(s) " + rank_list(gone) +
+             " destroyed their communicator while rank " + std::to_string(rank_) +
+             " waited for them in a collective (shm)",
+         gone, false);
+  }
+}
+
+// ----------------------------------------------------------------------------
+// Faults
+
+void ShmCommunicator::fail(const std::string& message, const std::vector<int>& ranks,
+                           bool timeout) {
+  Header* h = header();
+  uint32_t expected = 0;
+  if (h->abort_claim.compare_exchange_strong(expected, static_cast<uint32_t>(rank_) + 1)) {
+    h->abort_rank = rank_;
+    h->num_failed = static_cast<int32_t>(std::min<size_t>(ranks.size(), kMaxFailedRanks));
+    for (int i = 0; i < h->num_failed; ++i) h->failed[i] = ranks[i];
+    std::snprintf(h->abort_reason, sizeof(h->abort_reason), "%s", message.c_str());
+    h->aborted.store(1, std::memory_order_release);
+    ring_bell();
+  }
+  broken_ = true;
+  broken_reason_ = message;
+  if (timeout) throw TimeoutError(message, ranks);
+  throw RuntimeFault(message, ranks);
+}
+
+void ShmCommunicator::throw_if_aborted(const char* what) {
+  Header* h = header();
+  if (h->aborted.load(std::memory_order_acquire) == 0) return;
+  std::vector<int> failed(h->failed, h->failed + h->num_failed);
+  const std::string message = "kolo " + std::string(what) + ": rank " + std::to_string(rank_) +
+                              " stops because rank " + std::to_string(h->abort_rank) +
+                              " aborted the shm communicator: " + h->abort_reason;
+  broken_ = true;
+  broken_reason_ = message;
+  throw RuntimeFault(message, failed);
+}
+
+template <typename Body>
+void ShmCommunicator::guarded(Body body) {
+  try {
+    body();
+  } catch (const RuntimeFault& fault) {
+    if (!broken_) {
+      broken_ = true;
+      broken_reason_ = fault.what();
+    }
+    throw;
+  }
+}
+
+// ----------------------------------------------------------------------------
+// Steps
+
+Call ShmCommunicator::open_call(CollectiveKind kind, std::chrono::milliseconds timeout) {
+  if (broken_) {
+    throw RuntimeFault("kolo " + std::string(collective_name(kind)) +
+                       ": this shm communicator is unusable after an earlier fault (" +
+                       broken_reason_ + "); destroy it and build a new one with a fresh prefix");
+  }
+  throw_if_aborted(collective_name(kind));
+  Call call;
+  call.kind = kind;
+  call.timeout = timeout.count() > 0 ? timeout : default_timeout_;
+  call.deadline = Clock::now() + call.timeout;
+  ++calls_;
+  return call;
+}
+
+void ShmCommunicator::publish(const Call& call, const CallSignature& signature, int buffer) {
+  RankControl* self = control(rank_);
+  self->signature[buffer] = signature;
+  self->has_error[buffer] = call.local_error.empty() ? 0 : 1;
+  if (!call.local_error.empty()) {
+    std::snprintf(error_text(rank_, buffer), kErrorBytes, "%s", call.local_error.c_str());
+  }
+}
+
+void ShmCommunicator::sync(const Call& call) {
+  const uint64_t step = ++step_;
+  control(rank_)->posted.store(step, std::memory_order_seq_cst);
+  if (header()->sleepers.load(std::memory_order_seq_cst) != 0) ring_bell();
+  wait_all(step, call);
+}
+
+void ShmCommunicator::verify(const Call& call, int buffer) {
+  for (int k = 0; k < size_; ++k) {
+    if (control(k)->has_error[buffer] != 0) {
+      const std::string text(error_text(k, buffer));
+      throw ContractError(k == rank_ ? text
+                                     : text + " (reported by rank " + std::to_string(k) +
+                                           "; every rank of the collective fails)");
+    }
+  }
+  const CallSignature& first = control(0)->signature[buffer];
+  bool same = true;
+  for (int k = 1; k < size_ && same; ++k) {
+    same = std::memcmp(&control(k)->signature[buffer], &first, sizeof(CallSignature)) == 0;
+  }
+  if (same) return;
+  for (int k = 0; k < size_; ++k) signatures_[k] = control(k)->signature[buffer];
+  check_signatures(signatures_);  // throws the same ContractError on every rank
+}
+
+// Runs the local argument checks; a failure is reported through the first step
+// so that every rank throws it.
+template <typename Check>
+std::string local_error(Check check) {
+  try {
+    check();
+  } catch (const ContractError& error) {
+    return error.what();
+  }
+  return {};
+}
+
+CallSignature make_signature(CollectiveKind kind, uint64_t sequence, uint64_t count, DType dtype) {
+  CallSignature signature;
+  signature.kind = kind;
+  signature.sequence = sequence;
+  signature.count = count;
+  signature.dtype = dtype;
+  return signature;
+}
+
+// ----------------------------------------------------------------------------
+// allreduce
+
+void ShmCommunicator::allreduce(const void* in, void* out, size_t count, DType dtype,
+                                const AllreduceOptions& options) {
+  guarded([&] {
+    Call call = open_call(CollectiveKind::kAllreduce, options.timeout);
+    call.local_error = local_error([&] {
+      check_local_args(CollectiveKind::kAllreduce, size_, in, out, count, &options, 0);
+      dtype_size(dtype);
+    });
+    CallSignature signature = make_signature(CollectiveKind::kAllreduce, calls_, count, dtype);
+    signature.op = options.op;
+    signature.prescale = options.prescale;
+    signature.postscale = options.postscale;
+    const char* src = static_cast<const char*>(in);
+    char* dst = static_cast<char*>(out);
+    const size_t esize = call.local_error.empty() ? dtype_size(dtype) : 1;
+    // One step holds slot_bytes per rank. Small calls and 2 ranks: every rank
+    // reduces all slots itself (one sync). Larger worlds split each chunk so
+    // each rank reduces 1/n of it (less reading per rank).
+    const bool scatter = call.local_error.empty() && size_ > 2 && count * esize > slot_bytes_;
+    if (scatter) {
+      allreduce_scatter(call, signature, src, dst, count, dtype, options);
+    } else {
+      allreduce_gather(call, signature, src, dst, count, dtype, options);
+    }
+  });
+}
+
+// Each step: copy a chunk into this rank's slot, sync, reduce all slots (rank
+// order) into the output.
+void ShmCommunicator::allreduce_gather(const Call& call, const CallSignature& signature,
+                                       const char* in, char* out, size_t count, DType dtype,
+                                       const AllreduceOptions& options) {
+  const size_t esize = call.local_error.empty() ? dtype_size(dtype) : 1;
+  const size_t chunk = slot_bytes_ / esize;
+  const size_t steps = std::max<size_t>(1, ceil_div(count, chunk));
+  for (size_t s = 0; s < steps; ++s) {
+    const int b = next_buffer();
+    const size_t offset = s * chunk;
+    const size_t m = call.local_error.empty() ? std::min(chunk, count - offset) : 0;
+    if (s == 0) publish(call, signature, b);
+    copy_bytes(slot(rank_, b), in + offset * esize, m * esize);
+    sync(call);
+    if (s == 0) verify(call, b);
+    for (int k = 0; k < size_; ++k) inputs_[k] = slot(k, b);
+    reduce_inputs(out + offset * esize, inputs_.data(), size_, m, dtype, options, size_);
+  }
+}
+
+// Each step: copy a chunk into this rank's slot, sync; then copy out the
+// previous step's reduced chunk from the result buffer and reduce this rank's
+// 1/n piece of the current chunk into the result buffer. One extra step drains
+// the last chunk.
+void ShmCommunicator::allreduce_scatter(const Call& call, const CallSignature& signature,
+                                        const char* in, char* out, size_t count, DType dtype,
+                                        const AllreduceOptions& options) {
+  const size_t esize = dtype_size(dtype);
+  const size_t n = static_cast<size_t>(size_);
+  const size_t piece = slot_bytes_ / esize / n;  // elements each rank reduces per step
+  const size_t chunk = piece * n;
+  const size_t steps = ceil_div(count, chunk);
+  size_t previous_offset = 0;
+  size_t previous_m = 0;
+  for (size_t s = 0; s <= steps; ++s) {
+    const int b = next_buffer();
+    const size_t offset = s * chunk;
+    const size_t m = s < steps ? std::min(chunk, count - offset) : 0;
+    if (s == 0) publish(call, signature, b);
+    copy_bytes(slot(rank_, b), in + offset * esize, m * esize);
+    sync(call);
+    if (s == 0) verify(call, b);
+    if (s > 0) copy_bytes(out + previous_offset * esize, result(b ^ 1), previous_m * esize);
+    const size_t lo = std::min(m, rank_ * piece);
+    const size_t len = std::min(m, lo + piece) - lo;
+    if (len > 0) {
+      for (int k = 0; k < size_; ++k) inputs_[k] = slot(k, b) + lo * esize;
+      reduce_inputs(result(b) + lo * esize, inputs_.data(), size_, len, dtype, options, size_);
+    }
+    previous_offset = offset;
+    previous_m = m;
+  }
+}
+
+// ----------------------------------------------------------------------------
+// reducescatter: each slot holds n pieces, piece j = the next part of block j;
+// rank r reduces piece r of every slot into its output.
+
+void ShmCommunicator::reducescatter(const void* in, void* out, size_t count, DType dtype,
+                                    const AllreduceOptions& options) {
+  guarded([&] {
+    Call call = open_call(CollectiveKind::kReducescatter, options.timeout);
+    call.local_error = local_error([&] {
+      check_local_args(CollectiveKind::kReducescatter, size_, in, out, count, &options, 0);
+      dtype_size(dtype);
+    });
+    CallSignature signature = make_signature(CollectiveKind::kReducescatter, calls_, count, dtype);
+    signature.op = options.op;
+    signature.prescale = options.prescale;
+    signature.postscale = options.postscale;
+    const bool ok = call.local_error.empty();
+    const size_t esize = ok ? dtype_size(dtype) : 1;
+    const size_t piece = slot_bytes_ / esize / static_cast<size_t>(size_);
+    const size_t steps = std::max<size_t>(1, ceil_div(count, piece));
+    const char* src = static_cast<const char*>(in);
+    char* dst = static_cast<char*>(out);
+    for (size_t s = 0; s < steps; ++s) {
+      const int b = next_buffer();
+      const size_t offset = s * piece;
+      const size_t m = ok ? std::min(piece, count - offset) : 0;
+      if (s == 0) publish(call, signature, b);
+      for (int j = 0; j < size_ && m > 0; ++j) {
+        copy_bytes(slot(rank_, b) + j * piece * esize, src + (j * count + offset) * esize,
+                   m * esize);
+      }
+      sync(call);
+      if (s == 0) verify(call, b);
+      for (int k = 0; k < size_; ++k) inputs_[k] = slot(k, b) + rank_ * piece * esize;
+      reduce_inputs(dst + offset * esize, inputs_.data(), size_, m, dtype, options, size_);
+    }
+  });
+}
+
+// ----------------------------------------------------------------------------
+// allgather / allgatherv: each step every rank deposits the next slot_bytes of
+// its block; everyone copies every slot to its place in the output.
+
+void ShmCommunicator::gather_blocks(const Call& call, const CallSignature& signature,
+                                    const char* in, char* out,
+                                    const std::vector<size_t>& block_bytes, bool in_place) {
+  const size_t largest =
+      block_bytes.empty() ? 0 : *std::max_element(block_bytes.begin(), block_bytes.end());
+  const size_t steps = std::max<size_t>(1, ceil_div(largest, slot_bytes_));
+  std::vector<size_t> block_offset(size_, 0);
+  for (int k = 1; k < size_; ++k) block_offset[k] = block_offset[k - 1] + block_bytes[k - 1];
+  for (size_t s = 0; s < steps; ++s) {
+    const int b = next_buffer();
+    const size_t offset = s * slot_bytes_;
+    auto part = [&](int k) {
+      return block_bytes[k] > offset ? std::min(slot_bytes_, block_bytes[k] - offset) : 0;
+    };
+    if (s == 0) publish(call, signature, b);
+    copy_bytes(slot(rank_, b), in + offset, part(rank_));
+    sync(call);
+    if (s == 0) verify(call, b);
+    for (int k = 0; k < size_; ++k) {
+      if (k == rank_ && in_place) continue;
+      copy_bytes(out + block_offset[k] + offset, slot(k, b), part(k));
+    }
+  }
+}
+
+void ShmCommunicator::allgather(const void* in, void* out, size_t count, DType dtype,
+                                const CollectiveOptions& options) {
+  guarded([&] {
+    Call call = open_call(CollectiveKind::kAllgather, options.timeout);
+    call.local_error = local_error([&] {
+      check_local_args(CollectiveKind::kAllgather, size_, in, out, count, nullptr, 0);
+      dtype_size(dtype);
+    });
+    const CallSignature signature =
+        make_signature(CollectiveKind::kAllgather, calls_, count, dtype);
+    const bool ok = call.local_error.empty();
+    const size_t bytes = ok ? count * dtype_size(dtype) : 0;
+    const char* dst = static_cast<const char*>(out);
+    const bool in_place = ok && in == dst + rank_ * bytes;
+    gather_blocks(call, signature, static_cast<const char*>(in), static_cast<char*>(out),
+                  std::vector<size_t>(size_, bytes), in_place);
+  });
+}
+
+void ShmCommunicator::allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
+                                 DType dtype, const CollectiveOptions& options) {
+  guarded([&] {
+    Call call = open_call(CollectiveKind::kAllgatherv, options.timeout);
+    call.local_error = local_error([&] {
+      check_counts_arg(CollectiveKind::kAllgatherv, "counts", counts, size_);
+      check_local_args(CollectiveKind::kAllgatherv, size_, in, out, counts[rank_], nullptr, 0);
+      size_t total = 0;
+      for (size_t count : counts) total += count;
+      if (total > 0 && out == nullptr) {
+        throw ContractError("kolo allgatherv: out is null but counts add up to " +
+                            std::to_string(total) + " elements");
+      }
+      dtype_size(dtype);
+    });
+    const bool ok = call.local_error.empty();
+    const CallSignature signature =
+        make_signature(CollectiveKind::kAllgatherv, calls_, ok ? hash_counts(counts) : 0, dtype);
+    const size_t esize = ok ? dtype_size(dtype) : 1;
+    std::vector<size_t> block_bytes(size_, 0);
+    size_t my_offset = 0;
+    for (int k = 0; k < size_ && ok; ++k) {
+      block_bytes[k] = counts[k] * esize;
+      if (k < rank_) my_offset += block_bytes[k];
+    }
+    const bool in_place = ok && in == static_cast<const char*>(out) + my_offset;
+    gather_blocks(call, signature, static_cast<const char*>(in), static_cast<char*>(out),
+                  block_bytes, in_place);
+  });
+}
+
+// ----------------------------------------------------------------------------
+// broadcast: the root deposits slot_bytes per step, the others copy it out.
+
+void ShmCommunicator::broadcast(void* buffer, size_t count, DType dtype,
+                                const BroadcastOptions& options) {
+  guarded([&] {
+    Call call = open_call(CollectiveKind::kBroadcast, options.timeout);
+    call.local_error = local_error([&] {
+      check_local_args(CollectiveKind::kBroadcast, size_, buffer, buffer, count, nullptr,
+                       options.root);
+      dtype_size(dtype);
+    });
+    CallSignature signature = make_signature(CollectiveKind::kBroadcast, calls_, count, dtype);
+    signature.root = options.root;
+    const bool ok = call.local_error.empty();
+    const size_t bytes = ok ? count * dtype_size(dtype) : 0;
+    const size_t steps = std::max<size_t>(1, ceil_div(bytes, slot_bytes_));
+    char* data = static_cast<char*>(buffer);
+    const int root = options.root;
+    for (size_t s = 0; s < steps; ++s) {
+      const int b = next_buffer();
+      const size_t offset = s * slot_bytes_;
+      const size_t part = bytes > offset ? std::min(slot_bytes_, bytes - offset) : 0;
+      if (s == 0) publish(call, signature, b);
+      if (rank_ == root) copy_bytes(slot(rank_, b), data + offset, part);
+      sync(call);
+      if (s == 0) verify(call, b);
+      if (rank_ != root) copy_bytes(data + offset, slot(root, b), part);
+    }
+  });
+}
+
+// ----------------------------------------------------------------------------
+// alltoall: each slot holds n pieces, piece j = the next part of the block for
+// rank j; rank r copies piece r of every slot k into its block k.
+
+void ShmCommunicator::alltoall(const void* in, void* out, size_t count, DType dtype,
+                               const CollectiveOptions& options) {
+  guarded([&] {
+    Call call = open_call(CollectiveKind::kAlltoall, options.timeout);
+    call.local_error = local_error([&] {
+      check_local_args(CollectiveKind::kAlltoall, size_, in, out, count, nullptr, 0);
+      dtype_size(dtype);
+    });
+    const CallSignature signature = make_signature(CollectiveKind::kAlltoall, calls_, count, dtype);
+    const bool ok = call.local_error.empty();
+    const size_t bytes = ok ? count * dtype_size(dtype) : 0;  // one block
+    const size_t esize = ok ? dtype_size(dtype) : 1;
+    const size_t piece = slot_bytes_ / static_cast<size_t>(size_) / esize * esize;
+    const size_t steps = std::max<size_t>(1, ceil_div(bytes, piece));
+    const char* src = static_cast<const char*>(in);
+    char* dst = static_cast<char*>(out);
+    for (size_t s = 0; s < steps; ++s) {
+      const int b = next_buffer();
+      const size_t offset = s * piece;
+      const size_t part = bytes > offset ? std::min(piece, bytes - offset) : 0;
+      if (s == 0) publish(call, signature, b);
+      for (int j = 0; j < size_ && part > 0; ++j) {
+        copy_bytes(slot(rank_, b) + j * piece, src + j * bytes + offset, part);
+      }
+      sync(call);
+      if (s == 0) verify(call, b);
+      // In place is safe: block k's bytes [offset, offset + part) were deposited
+      // above, and later steps only read further on.
+      for (int k = 0; k < size_ && part > 0; ++k) {
+        copy_bytes(dst + k * bytes + offset, slot(k, b) + rank_ * piece, part);
+      }
+    }
+  });
+}
+
+// alltoallv: a first step exchanges every rank's send and recv counts (so every
+// rank checks the whole matrix and agrees on the number of steps), then the
+// data moves as in alltoall.
+void ShmCommunicator::alltoallv(const void* in, const std::vector<size_t>& send_counts, void* out,
+                                const std::vector<size_t>& recv_counts, DType dtype,
+                                const CollectiveOptions& options) {
+  guarded([&] {
+    Call call = open_call(CollectiveKind::kAlltoallv, options.timeout);
+    const size_t n = static_cast<size_t>(size_);
+    call.local_error = local_error([&] {
+      check_counts_arg(CollectiveKind::kAlltoallv, "send_counts", send_counts, size_);
+      check_counts_arg(CollectiveKind::kAlltoallv, "recv_counts", recv_counts, size_);
+      size_t send_total = 0;
+      size_t recv_total = 0;
+      for (size_t k = 0; k < n; ++k) {
+        send_total += send_counts[k];
+        recv_total += recv_counts[k];
+      }
+      if (send_total > 0 && in == nullptr) {
+        throw ContractError("kolo alltoallv: in is null but send_counts add up to " +
+                            std::to_string(send_total) + " elements");
+      }
+      if (recv_total > 0 && out == nullptr) {
+        throw ContractError("kolo alltoallv: out is null but recv_counts add up to " +
+                            std::to_string(recv_total) + " elements");
+      }
+      if (send_total > 0 && recv_total > 0 && in == out) {
+        throw ContractError(
+            "kolo alltoallv: in == out, but alltoallv has no in-place variant; "
+            "pass separate buffers");
+      }
+      dtype_size(dtype);
+    });
+    const CallSignature signature = make_signature(CollectiveKind::kAlltoallv, calls_, 0, dtype);
+    const bool ok = call.local_error.empty();
+
+    // Step 0: counts. Slot layout: n send counts then n recv counts (uint64).
+    int b = next_buffer();
+    publish(call, signature, b);
+    uint64_t* mine = reinterpret_cast<uint64_t*>(slot(rank_, b));
+    for (size_t k = 0; k < n && ok; ++k) {
+      mine[k] = send_counts[k];
+      mine[n + k] = recv_counts[k];
+    }
+    sync(call);
+    verify(call, b);
+    std::vector<std::vector<size_t>> all_send(n, std::vector<size_t>(n));
+    std::vector<std::vector<size_t>> all_recv(n, std::vector<size_t>(n));
+    size_t largest = 0;
+    for (size_t r = 0; r < n; ++r) {
+      const uint64_t* counts_r = reinterpret_cast<const uint64_t*>(slot(static_cast<int>(r), b));
+      for (size_t k = 0; k < n; ++k) {
+        all_send[r][k] = counts_r[k];
+        all_recv[r][k] = counts_r[n + k];
+        largest = std::max(largest, all_send[r][k]);
+      }
+    }
+    check_alltoallv_counts(all_send, all_recv);  // the same error on every rank
+    const size_t esize = dtype_size(dtype);
+    const size_t piece = slot_bytes_ / n / esize * esize;
+    const size_t steps = ceil_div(largest * esize, piece);
+    std::vector<size_t> send_offset(n, 0);
+    std::vector<size_t> recv_offset(n, 0);
+    for (size_t k = 1; k < n; ++k) {
+      send_offset[k] = send_offset[k - 1] + send_counts[k - 1] * esize;
+      recv_offset[k] = recv_offset[k - 1] + recv_counts[k - 1] * esize;
+    }
+    const char* src = static_cast<const char*>(in);
+    char* dst = static_cast<char*>(out);
+    auto part = [&](size_t block_bytes, size_t offset) {
+      return block_bytes > offset ? std::min(piece, block_bytes - offset) : 0;
+    };
+    for (size_t s = 0; s < steps; ++s) {
+      b = next_buffer();
+      const size_t offset = s * piece;
+      for (size_t j = 0; j < n; ++j) {
+        copy_bytes(slot(rank_, b) + j * piece, src + send_offset[j] + offset,
+                   part(send_counts[j] * esize, offset));
+      }
+      sync(call);
+      for (size_t k = 0; k < n; ++k) {
+        copy_bytes(dst + recv_offset[k] + offset, slot(k, b) + rank_ * piece,
+                   part(recv_counts[k] * esize, offset));
+      }
+    }
+  });
+}
+
+void ShmCommunicator::barrier(const CollectiveOptions& options) {
+  guarded([&] {
+    Call call = open_call(CollectiveKind::kBarrier, options.timeout);
+    const CallSignature signature = make_signature(CollectiveKind::kBarrier, calls_, 0, DType::kU8);
+    const int b = next_buffer();
+    publish(call, signature, b);
+    sync(call);
+    verify(call, b);
+  });
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_shm_communicator(const CommunicatorOptions& options) {
+  return std::make_unique<ShmCommunicator>(options);
+}
+
+}  // namespace kolo::detail

@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -110,6 +111,11 @@ struct CommunicatorOptions {
   // small extra exchange for it; shm checks for free). The engine turns it off
   // for collectives it has already negotiated.
   bool check_args = true;
+  // shm only. Microseconds a waiting rank spins before it blocks on a futex, and
+  // bytes per pipeline chunk (the same on every rank). < 0 = read KOLO_SHM_SPIN_US /
+  // KOLO_SHM_CHUNK_BYTES from the environment when the communicator is built.
+  int shm_spin_us = -1;
+  int64_t shm_chunk_bytes = -1;
 };
 
 // Backend names accepted by make_communicator.
