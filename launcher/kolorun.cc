@@ -1,2 +1,220 @@
-// PLACEHOLDER: replaced by the real launcher.
-int main() { return 1; }
+// kolorun: the process launcher (docs/kolorun.md).
+//
+// main() parses the command line, plans the job (nothing is spawned when an
+// argument is wrong), serves the rendezvous store, spawns the workers and hands
+// them to the Supervisor, which pumps their output and stops them all when one
+// fails or kolorun is signalled. `--backend mpi` execs mpirun instead.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <system_error>
+
+#include "build_info.h"
+#include "job.h"
+#include "kolo/core/communicator.h"
+#include "kolo/core/config.h"
+#include "kolo/core/store.h"
+#include "mpi_launch.h"
+#include "options.h"
+#include "spawn.h"
+#include "supervisor.h"
+#include "usage_error.h"
+#include "worker_env.h"
+
+namespace kolo::launcher {
+namespace {
+
+// Exit code for a bad command line (nothing was started).
+constexpr int kUsageExitCode = 2;
+
+// The signals the supervisor handles; blocked in every thread and read from a
+// signalfd (the store server's thread inherits the mask).
+sigset_t handled_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+  return set;
+}
+
+// Workers' pipes must never land on fds 0-2, so make sure those are open.
+void ensure_standard_fds() {
+  for (int fd = 0; fd < 3; ++fd) {
+    if (fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+      int null_fd = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+      if (null_fd >= 0 && null_fd != fd) {
+        dup2(null_fd, fd);
+        close(null_fd);
+      }
+    }
+  }
+}
+
+std::string working_directory() {
+  char buffer[4096];
+  if (getcwd(buffer, sizeof(buffer)) == nullptr) return ".";
+  return buffer;
+}
+
+std::string describe_request(const Placement& p, const SpawnRequest& request,
+                             const std::vector<std::string>& parent_environ) {
+  std::string line = "kolorun: rank " + std::to_string(p.rank) + " on " + p.host + ":";
+  if (p.local) {
+    // Print only what kolorun added or changed, not the inherited environment.
+    std::vector<std::string> inherited(parent_environ.begin(), parent_environ.end());
+    for (const auto& entry : request.env) {
+      if (std::find(inherited.begin(), inherited.end(), entry) == inherited.end()) {
+        line += " " + entry;
+      }
+    }
+  }
+  for (const auto& arg : request.argv) line += " " + arg;
+  return line;
+}
+
+int exec_mpirun(const LaunchOptions& options, const JobPlan& plan) {
+  std::vector<std::string> argv =
+      mpirun_command(options, plan.hosts, default_mpirun(), usable_cores(), current_environ(),
+                     process_parent_env());
+  if (options.verbose) {
+    std::string line = "kolorun: exec";
+    for (const auto& arg : argv) line += " " + arg;
+    std::cerr << line << std::endl;
+  }
+  std::vector<char*> args;
+  for (auto& arg : argv) args.push_back(arg.data());
+  args.push_back(nullptr);
+  sigset_t set = handled_signals();
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_DFL);
+  execvp(args[0], args.data());
+  std::cerr << "kolorun: --backend mpi: cannot run '" << argv[0] << "': " << std::strerror(errno)
+            << " (install openmpi-bin, or use --backend gloo)" << std::endl;
+  return 127;
+}
+
+int launch(const LaunchOptions& options) {
+  PlanContext context;
+  context.hostname = this_hostname();
+  context.path = process_parent_env()("PATH").value_or("/usr/local/bin:/usr/bin:/bin");
+  context.compiled = compiled_backends();
+  JobPlan plan = plan_job(options, context);  // UsageError: nothing spawned yet
+  if (options.backend == "mpi") return exec_mpirun(options, plan);
+
+  const int world_size = static_cast<int>(plan.placements.size());
+  OutputRouter::Options output_options;
+  output_options.mode = options.output;
+  output_options.output_dir = options.output_dir;
+  std::unique_ptr<OutputRouter> output;
+  try {
+    output = std::make_unique<OutputRouter>(output_options, world_size);
+  } catch (const std::system_error& e) {
+    throw UsageError("--output-dir " + options.output_dir + ": " + e.what());
+  }
+
+  std::unique_ptr<TcpStoreServer> store;
+  try {
+    TcpStoreServer::Options store_options;
+    store_options.bind_address = plan.store_bind;
+    store = std::make_unique<TcpStoreServer>(store_options);
+  } catch (const std::exception& e) {
+    std::cerr << "kolorun: cannot serve the rendezvous store on " << plan.store_bind << ": "
+              << e.what() << std::endl;
+    return 1;
+  }
+
+  sigset_t signals = handled_signals();
+  int signal_fd = signalfd(-1, &signals, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (signal_fd < 0) {
+    std::cerr << "kolorun: signalfd: " << std::strerror(errno) << std::endl;
+    return 1;
+  }
+  // Descendants orphaned by a worker come back to kolorun, which kills them.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+
+  JobInfo job;
+  job.size = world_size;
+  job.store_addr = plan.store_addr;
+  job.store_port = store->port();
+  job.job_id = make_job_id();
+  job.backend = options.backend;
+  job.timeout_seconds = options.timeout_seconds;
+  job.local_cores = usable_cores();
+
+  SupervisorOptions supervisor_options;
+  supervisor_options.grace_seconds = options.grace_seconds;
+  supervisor_options.job_timeout_seconds = options.job_timeout_seconds;
+  supervisor_options.signal_fd = signal_fd;
+  Outcome outcome;
+  {
+    Supervisor supervisor(supervisor_options, *output);
+    const std::vector<std::string> parent_environ = current_environ();
+    const ParentEnv parent = process_parent_env();
+    const std::string cwd = working_directory();
+    for (const auto& placement : plan.placements) {
+      if (supervisor.stopping()) break;
+      SpawnRequest request =
+          worker_request(plan, options, placement, job, parent_environ, parent, cwd);
+      if (options.verbose)
+        std::cerr << describe_request(placement, request, parent_environ) << "\n";
+      try {
+        SpawnedProcess process = spawn_process(request);
+        supervisor.add({placement.rank, placement.host, !placement.local, process});
+      } catch (const std::system_error& e) {
+        supervisor.start_failed(placement.rank, e.what());
+        break;
+      }
+      supervisor.poll_once();
+    }
+    outcome = supervisor.run();
+  }
+  close(signal_fd);
+  if (!outcome.report.empty()) std::cerr << outcome.report << std::endl;
+  return outcome.exit_code;
+}
+
+int run(int argc, char** argv) {
+  ensure_standard_fds();
+  sigset_t signals = handled_signals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a closed terminal must not kill the launcher
+
+  CommandLine command;
+  try {
+    command = parse_command_line(std::vector<std::string>(argv + 1, argv + argc));
+    switch (command.action) {
+      case Action::kHelp:
+        std::cout << command.help_text;
+        return 0;
+      case Action::kVersion:
+        std::cout << version_text() << "\n";
+        return 0;
+      case Action::kCheckBuild:
+        std::cout << check_build_text();
+        return 0;
+      case Action::kPrintEnvDocs:
+        std::cout << Config::markdown();
+        return 0;
+      case Action::kLaunch:
+        return launch(command.options);
+    }
+  } catch (const UsageError& e) {
+    std::cerr << "kolorun: " << e.what() << std::endl;
+    return kUsageExitCode;
+  } catch (const std::exception& e) {
+    std::cerr << "kolorun: " << e.what() << std::endl;
+    return 1;
+  }
+  return 1;
+}
+
+}  // namespace
+}  // namespace kolo::launcher
+
+int main(int argc, char** argv) { return kolo::launcher::run(argc, argv); }

@@ -1,0 +1,217 @@
+// Command-line parsing with CLI11. kolorun's own options come first; the first
+// token that is neither an option nor an option's value is the program, and it
+// and everything after it belong to the program (CLI11 never sees them, so a
+// program flag such as `--np` or `-H` cannot be mistaken for kolorun's).
+#include "options.h"
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+#include "usage_error.h"
+
+namespace kolo::launcher {
+namespace {
+
+int parse_count(const std::string& flag, const std::string& text, const std::string& example) {
+  errno = 0;
+  char* end = nullptr;
+  long value = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0 || value > 1000000) {
+    throw UsageError(flag + " '" + text + "': expected a whole number of workers (e.g. " + example +
+                     ")");
+  }
+  if (value < 1) {
+    throw UsageError(flag + " " + text + ": the number of workers must be at least 1 (e.g. " +
+                     example + ")");
+  }
+  return static_cast<int>(value);
+}
+
+double parse_seconds(const std::string& flag, const std::string& text, bool allow_zero) {
+  errno = 0;
+  char* end = nullptr;
+  double value = std::strtod(text.c_str(), &end);
+  bool bad = text.empty() || *end != '\0' || errno != 0 || !std::isfinite(value) || value < 0 ||
+             (!allow_zero && value == 0);
+  if (bad) {
+    throw UsageError(flag + " '" + text + "': expected a number of seconds " +
+                     (allow_zero ? ">= 0" : "> 0") + " (e.g. " + flag + " 60)");
+  }
+  return value;
+}
+
+std::string join(const std::vector<std::string>& items, const std::string& separator) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : separator) + item;
+  return out;
+}
+
+// Splits args into kolorun's part and the program's part, using the option
+// table of `app` to know which options consume the next token. "-np" (the
+// mpirun spelling, which CLI11 cannot declare) is rewritten to "--np".
+std::pair<std::vector<std::string>, std::vector<std::string>> split_program(
+    const CLI::App& app, const std::vector<std::string>& args) {
+  std::vector<std::string> own;
+  size_t i = 0;
+  while (i < args.size()) {
+    std::string token = args[i];
+    if (token == "--") {
+      ++i;
+      break;
+    }
+    if (token.size() < 2 || token[0] != '-') break;  // the program
+    if (token == "-np") token = "--np";
+    own.push_back(token);
+    ++i;
+    std::string name;
+    bool attached = false;
+    if (token.rfind("--", 0) == 0) {
+      size_t eq = token.find('=');
+      name = token.substr(0, eq);
+      attached = eq != std::string::npos;
+    } else {
+      name = token.substr(0, 2);
+      attached = token.size() > 2;
+    }
+    const CLI::Option* option = app.get_option_no_throw(name);
+    if (option != nullptr && option->get_items_expected_min() > 0 && !attached && i < args.size()) {
+      own.push_back(args[i]);
+      ++i;
+    }
+  }
+  return {own, std::vector<std::string>(args.begin() + static_cast<long>(i), args.end())};
+}
+
+}  // namespace
+
+const std::vector<std::string>& known_backends() {
+  static const std::vector<std::string> names = {"shm", "gloo", "mpi"};
+  return names;
+}
+
+CommandLine parse_command_line(const std::vector<std::string>& args) {
+  CommandLine result;
+  LaunchOptions& o = result.options;
+
+  CLI::App app{
+      "kolorun: starts the workers of a kolo job, serves their rendezvous store, tags or\n"
+      "filters their output, and stops them all when one fails.\n\n"
+      "Usage: kolorun -np N [-H host1:slots,host2:slots] [--backend shm|gloo|mpi]\n"
+      "               [--timeout SECONDS] [--tag-output|--rank0-only] program args...",
+      "kolorun"};
+  app.footer(
+      "The program and everything after it are passed to the workers untouched.\n"
+      "Each worker gets KOLO_RANK, KOLO_SIZE, KOLO_LOCAL_RANK, KOLO_LOCAL_SIZE,\n"
+      "KOLO_CROSS_RANK, KOLO_CROSS_SIZE, KOLO_STORE_ADDR, KOLO_STORE_PORT, KOLO_JOB_ID\n"
+      "and OMP/OPENBLAS/MKL_NUM_THREADS = cores / local workers (unless already set).\n"
+      "See docs/kolorun.md.");
+
+  std::string np_text, timeout_text, job_timeout_text, grace_text;
+  bool tag = false, rank0_only = false, check_build = false, env_docs = false, version = false;
+  app.add_option("-n,--np", np_text,
+                 "Number of workers (also -np). Default with -H: every slot of the host list");
+  app.add_option("-H,--hosts", o.hosts,
+                 "Hosts and their slots, in rank order: host1:slots,host2:slots "
+                 "(localhost, 127.0.0.1 and this host's name run locally; others over ssh)");
+  app.add_option("--backend", o.backend,
+                 "Communicator backend of the workers (KOLO_BACKEND): shm, gloo or mpi "
+                 "(mpi runs the job through mpirun). Default: automatic");
+  app.add_option("--timeout", timeout_text,
+                 "Timeout of each collective and of the rendezvous, in seconds "
+                 "(KOLO_TIMEOUT_SECONDS)");
+  app.add_option("--job-timeout", job_timeout_text,
+                 "Stop the whole job after this many seconds (exit code 124)");
+  app.add_option("--grace", grace_text,
+                 "Seconds between SIGTERM and SIGKILL when workers are stopped (default 5)");
+  auto* tag_flag = app.add_flag("--tag-output", tag,
+                                "Prefix each output line with [1,<rank>]<stdout>: or <stderr>:");
+  auto* rank0_flag = app.add_flag("--rank0-only", rank0_only,
+                                  "Print only rank 0's output (use --output-dir to keep the "
+                                  "others')");
+  tag_flag->excludes(rank0_flag);
+  app.add_option("--output-dir", o.output_dir,
+                 "Also write each rank's full output to DIR/rank.<rank>.log");
+  app.add_option("-x", o.forward_env,
+                 "Forward an environment variable to remote workers: -x NAME or -x NAME=VALUE "
+                 "(repeatable; KOLO_* and thread variables are always forwarded)");
+  app.add_option("--ssh-command", o.ssh_command,
+                 "Command that reaches a remote host (default: ssh); options may follow, "
+                 "e.g. \"ssh -p 2222\"");
+  app.add_option("--store-addr", o.store_addr,
+                 "Address remote workers use to reach this host's store (default: host name)");
+  app.add_flag("-v,--verbose", o.verbose, "Print each worker's command and variables to stderr");
+  app.add_flag("--check-build", check_build, "List the backends and frameworks compiled in");
+  app.add_flag("--print-env-docs", env_docs,
+               "Print the KOLO_* variables as Markdown (docs/env_vars.md)");
+  app.add_flag("--version", version, "Print kolo's version");
+
+  auto [own, program] = split_program(app, args);
+  std::vector<std::string> reversed(own.rbegin(), own.rend());  // CLI11 parses a reversed vector
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    result.action = Action::kHelp;
+    result.help_text = app.help();
+    return result;
+  } catch (const CLI::ParseError& e) {
+    std::string message = e.what();
+    if (message.find('\n') != std::string::npos) message = message.substr(0, message.find('\n'));
+    throw UsageError(message + " (see kolorun --help)");
+  }
+
+  if (check_build) {
+    result.action = Action::kCheckBuild;
+    return result;
+  }
+  if (env_docs) {
+    result.action = Action::kPrintEnvDocs;
+    return result;
+  }
+  if (version) {
+    result.action = Action::kVersion;
+    return result;
+  }
+
+  if (!np_text.empty()) o.np = parse_count("-np", np_text, "-np 2");
+  if (!o.np && o.hosts.empty()) {
+    throw UsageError(
+        "-np is missing: say how many workers to start, e.g. kolorun -np 2 ./train (or give "
+        "-H host:slots to use every slot)");
+  }
+  if (!o.backend.empty() && o.backend != "auto") {
+    const auto& names = known_backends();
+    if (std::find(names.begin(), names.end(), o.backend) == names.end()) {
+      throw UsageError("--backend '" + o.backend + "' is not a backend: use one of " +
+                       join(names, ", ") + " (or leave --backend out for automatic choice)");
+    }
+  }
+  if (o.backend == "auto") o.backend.clear();
+  if (!timeout_text.empty()) o.timeout_seconds = parse_seconds("--timeout", timeout_text, false);
+  if (!job_timeout_text.empty()) {
+    o.job_timeout_seconds = parse_seconds("--job-timeout", job_timeout_text, false);
+  }
+  if (!grace_text.empty()) o.grace_seconds = parse_seconds("--grace", grace_text, true);
+  if (tag) o.output = OutputMode::kTag;
+  if (rank0_only) o.output = OutputMode::kRank0Only;
+  for (const auto& entry : o.forward_env) {
+    if (entry.empty() || entry[0] == '=') {
+      throw UsageError("-x '" + entry + "': expected NAME or NAME=VALUE (e.g. -x LD_LIBRARY_PATH)");
+    }
+  }
+  if (o.ssh_command.find_first_not_of(' ') == std::string::npos) {
+    throw UsageError("--ssh-command is empty: give the program that reaches a host, e.g. ssh");
+  }
+
+  if (program.empty()) {
+    throw UsageError(
+        "no program given: write it after kolorun's options, e.g. kolorun -np 2 ./train "
+        "--epochs 3");
+  }
+  o.program = program.front();
+  o.program_args.assign(program.begin() + 1, program.end());
+  return result;
+}
+
+}  // namespace kolo::launcher

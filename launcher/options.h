@@ -1,0 +1,67 @@
+// kolorun's command line: what to launch and how.
+//
+//   kolorun -np N [-H host1:slots,host2:slots] [--backend shm|gloo|mpi]
+//           [--timeout SECONDS] [--tag-output|--rank0-only] program args...
+//
+// Everything from the program on is passed to it untouched (the first token that
+// is neither an option nor an option's value starts the program; `--` forces it).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kolo::launcher {
+
+// How the workers' stdout/stderr reach kolorun's stdout/stderr. Lines are never
+// interleaved mid-line in any mode.
+enum class OutputMode {
+  kPlain,      // lines as the workers wrote them (default, like mpirun)
+  kTag,        // "[1,<rank>]<stdout>:line" (mpirun --tag-output)
+  kRank0Only,  // only rank 0's lines; the others' are discarded (kept in --output-dir)
+};
+
+struct LaunchOptions {
+  // Number of workers; nullopt = every slot of -H (required without -H).
+  std::optional<int> np;
+  std::string hosts;  // -H as given; empty = every worker on this host
+  // "shm", "gloo", "mpi" or empty (automatic, KOLO_BACKEND not set).
+  std::string backend;
+  // Collective and rendezvous timeout of the workers (KOLO_TIMEOUT_SECONDS).
+  std::optional<double> timeout_seconds;
+  // Wall-clock limit of the whole job; the workers are stopped when it passes.
+  std::optional<double> job_timeout_seconds;
+  // Seconds between SIGTERM and SIGKILL when workers are stopped.
+  double grace_seconds = 5.0;
+  OutputMode output = OutputMode::kPlain;
+  // When set, each rank's full output also goes to <dir>/rank.<r>.log.
+  std::string output_dir;
+  // Extra environment variables to forward to remote workers (-x NAME[=VALUE]).
+  std::vector<std::string> forward_env;
+  // How remote hosts are reached; split on spaces ("ssh -p 2222" works).
+  std::string ssh_command = "ssh";
+  // Address remote workers use to reach the store; default: this host's name.
+  std::string store_addr;
+  bool verbose = false;  // print the spawn plan to stderr
+
+  std::string program;
+  std::vector<std::string> program_args;
+};
+
+enum class Action { kLaunch, kHelp, kVersion, kCheckBuild, kPrintEnvDocs };
+
+struct CommandLine {
+  Action action = Action::kLaunch;
+  LaunchOptions options;
+  std::string help_text;  // filled for kHelp
+};
+
+// Parses argv without argv[0]. Throws UsageError (one line) on a bad argument.
+// Checks the form of each value (numbers, backend names); checks that need the
+// host list or the file system happen when the job is planned.
+CommandLine parse_command_line(const std::vector<std::string>& args);
+
+// Backends kolorun accepts for --backend (whether compiled in is checked later).
+const std::vector<std::string>& known_backends();
+
+}  // namespace kolo::launcher

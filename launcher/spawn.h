@@ -1,0 +1,43 @@
+// Starting one worker process (fork + exec) with its output on pipes.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace kolo::launcher {
+
+struct SpawnRequest {
+  std::string path;               // executable to run (already resolved)
+  std::vector<std::string> argv;  // argv[0] included
+  std::vector<std::string> env;   // complete environment, "NAME=VALUE"
+  // Keep a pipe to the child's stdin (remote workers: closing it stops them);
+  // otherwise the child's stdin is /dev/null.
+  bool stdin_pipe = false;
+};
+
+struct SpawnedProcess {
+  pid_t pid = -1;      // also the id of its own process group
+  int stdout_fd = -1;  // read ends, non-blocking, close-on-exec
+  int stderr_fd = -1;
+  int stdin_fd = -1;  // write end when stdin_pipe, else -1
+};
+
+// Forks and execs. The child runs in a new process group (kolorun signals the
+// whole group, so the worker's own children go too), asks the kernel to SIGKILL
+// it when kolorun dies (PR_SET_PDEATHSIG), and starts with default signal
+// dispositions and an empty signal mask. Throws std::system_error when fork or
+// exec fails (an exec failure is reported back through a close-on-exec pipe).
+// Call it from the main thread: the parent-death signal fires when the thread
+// that forked exits.
+SpawnedProcess spawn_process(const SpawnRequest& request);
+
+// Resolves a program name as execvp would (a name with '/' is used as is; others
+// are searched in PATH). Returns the path, or "" when no executable file exists.
+std::string find_executable(const std::string& program, const std::string& path_variable);
+
+// The name of a signal ("SIGKILL"), or "signal N" when unknown.
+std::string signal_name(int signal_number);
+
+}  // namespace kolo::launcher

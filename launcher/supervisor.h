@@ -1,0 +1,114 @@
+// Watching the workers: output pumping, signal forwarding, failure propagation.
+//
+// Contract: when any worker fails (non-zero exit or a signal), or kolorun gets
+// SIGINT/SIGTERM/SIGHUP, or --job-timeout passes, every other worker is sent
+// SIGTERM (the same signal kolorun received, when forwarding), and SIGKILL
+// after the grace period; a second signal to kolorun sends SIGKILL at once.
+// Signals go to each worker's whole process group. A remote worker is stopped
+// by closing its ssh's stdin (see ssh_command.h) and SIGKILL of ssh after the
+// grace. When a worker exits, whatever is left in its process group is
+// SIGKILLed: no orphans. run() returns only when every worker has been reaped.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "output.h"
+#include "spawn.h"
+
+namespace kolo::launcher {
+
+struct WorkerProcess {
+  int rank = 0;
+  std::string host;
+  bool remote = false;
+  SpawnedProcess process;
+};
+
+struct SupervisorOptions {
+  double grace_seconds = 5.0;
+  std::optional<double> job_timeout_seconds;
+  // A signalfd reporting SIGCHLD, SIGINT, SIGTERM and SIGHUP, which the caller
+  // has blocked in every thread.
+  int signal_fd = -1;
+};
+
+struct Outcome {
+  int exit_code = 0;   // 0 when every worker exited 0
+  std::string report;  // one line for stderr ("kolorun: ..."), empty on success
+};
+
+class Supervisor {
+ public:
+  Supervisor(const SupervisorOptions& options, OutputRouter& output);
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  // A worker was started; the supervisor now owns its descriptors.
+  void add(const WorkerProcess& worker);
+  // Starting rank `rank` failed: the job will stop the started workers and
+  // report `reason`.
+  void start_failed(int rank, const std::string& reason);
+  // True once the job is stopping (a failure or a signal arrived): do not start
+  // more workers.
+  bool stopping() const { return stopping_; }
+  // Handles pending signals and output without blocking (called between spawns).
+  void poll_once();
+  // Runs until every worker has exited; returns kolorun's exit code and report.
+  Outcome run();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Worker {
+    WorkerProcess info;
+    bool exited = false;
+    int status = 0;
+    bool stop_sent = false;
+    bool killed = false;
+  };
+  enum class Cause { kNone, kFailure, kSignal, kJobTimeout, kStartFailure };
+
+  void step(std::optional<Clock::duration> max_wait);
+  void handle_signals();
+  void reap();
+  void on_exit(Worker& worker, int status);
+  void pump(Worker& worker, Stream stream);
+  void close_output(Worker& worker, Stream stream);
+  void begin_stop(int signal_number);
+  void stop_worker(Worker& worker, int signal_number);
+  void kill_all();
+  void reap_strays();
+  bool all_exited() const;
+  bool any_output_open() const;
+  int running_count() const;
+  Outcome outcome() const;
+  std::string describe_failure() const;
+
+  SupervisorOptions options_;
+  OutputRouter& output_;
+  std::vector<Worker> workers_;
+  Clock::time_point start_;
+  bool stopping_ = false;
+  Cause cause_ = Cause::kNone;
+  int cause_rank_ = -1;      // kFailure / kStartFailure
+  int cause_signal_ = 0;     // kSignal
+  std::string start_error_;  // kStartFailure
+  int workers_at_stop_ = 0;  // running workers when the stop began
+  int killed_count_ = 0;     // workers that needed SIGKILL
+  std::optional<Clock::time_point> kill_deadline_;
+  std::optional<Clock::time_point> drain_deadline_;
+};
+
+// "exited with code 3" / "killed by signal 9 (SIGKILL)" for a wait status.
+std::string describe_status(int status);
+
+// Quotes a line for the one-line report: control characters escaped, at most
+// `max_chars` characters kept.
+std::string quote_line(const std::string& line, size_t max_chars = 200);
+
+}  // namespace kolo::launcher

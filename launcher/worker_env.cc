@@ -1,0 +1,144 @@
+// Worker environment: bootstrap variables, thread counts, forwarding.
+#include "worker_env.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+extern char** environ;
+
+namespace kolo::launcher {
+
+ParentEnv process_parent_env() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* value = std::getenv(name.c_str());
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  };
+}
+
+const std::vector<std::string>& thread_variables() {
+  static const std::vector<std::string> names = {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                 "MKL_NUM_THREADS"};
+  return names;
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    int count = CPU_COUNT(&set);
+    if (count > 0) return count;
+  }
+  unsigned hardware = std::thread::hardware_concurrency();
+  return hardware > 0 ? static_cast<int>(hardware) : 1;
+}
+
+std::string make_job_id() {
+  std::random_device device;
+  char buffer[96];
+  std::snprintf(buffer, sizeof(buffer), "%s-%d-%08x", this_hostname().substr(0, 32).c_str(),
+                static_cast<int>(getpid()), static_cast<unsigned>(device()));
+  std::string id = buffer;
+  for (auto& c : id) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') c = '_';
+  }
+  return id;
+}
+
+std::string format_seconds(double seconds) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), "%.15g", seconds);
+  return buffer;
+}
+
+std::vector<EnvVar> kolo_variables(const Placement& placement, const JobInfo& job) {
+  std::vector<EnvVar> vars = {
+      {"KOLO_RANK", std::to_string(placement.rank)},
+      {"KOLO_SIZE", std::to_string(job.size)},
+      {"KOLO_LOCAL_RANK", std::to_string(placement.local_rank)},
+      {"KOLO_LOCAL_SIZE", std::to_string(placement.local_size)},
+      {"KOLO_CROSS_RANK", std::to_string(placement.cross_rank)},
+      {"KOLO_CROSS_SIZE", std::to_string(placement.cross_size)},
+      {"KOLO_STORE_ADDR", job.store_addr},
+      {"KOLO_STORE_PORT", std::to_string(job.store_port)},
+      {"KOLO_JOB_ID", job.job_id},
+  };
+  if (!job.backend.empty()) vars.emplace_back("KOLO_BACKEND", job.backend);
+  if (job.timeout_seconds) {
+    vars.emplace_back("KOLO_TIMEOUT_SECONDS", format_seconds(*job.timeout_seconds));
+  }
+  return vars;
+}
+
+std::vector<EnvVar> local_thread_variables(const Placement& placement, const JobInfo& job,
+                                           const ParentEnv& parent) {
+  int threads = std::max(1, job.local_cores / std::max(1, placement.local_size));
+  std::vector<EnvVar> vars;
+  for (const auto& name : thread_variables()) {
+    if (!parent(name)) vars.emplace_back(name, std::to_string(threads));
+  }
+  return vars;
+}
+
+std::vector<std::string> local_worker_environment(const std::vector<std::string>& parent_environ,
+                                                  const std::vector<EnvVar>& variables) {
+  std::set<std::string> replaced;
+  for (const auto& [name, value] : variables) replaced.insert(name);
+  std::vector<std::string> env;
+  for (const auto& entry : parent_environ) {
+    std::string name = entry.substr(0, entry.find('='));
+    if (replaced.count(name) == 0) env.push_back(entry);
+  }
+  for (const auto& [name, value] : variables) env.push_back(name + "=" + value);
+  return env;
+}
+
+std::vector<std::string> current_environ() {
+  std::vector<std::string> env;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    env.emplace_back(*entry);
+  }
+  return env;
+}
+
+std::vector<EnvVar> forwarded_variables(const std::vector<std::string>& parent_environ,
+                                        const std::vector<std::string>& forward_env,
+                                        const std::vector<EnvVar>& already_set) {
+  std::map<std::string, std::string> parent;
+  for (const auto& entry : parent_environ) {
+    size_t eq = entry.find('=');
+    if (eq == std::string::npos) continue;
+    parent[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  std::set<std::string> taken;
+  for (const auto& [name, value] : already_set) taken.insert(name);
+  std::vector<EnvVar> vars;
+  auto add = [&](const std::string& name, const std::string& value) {
+    if (taken.insert(name).second) vars.emplace_back(name, value);
+  };
+  // Explicit -x entries first: they win over the automatic ones below.
+  for (const auto& entry : forward_env) {
+    size_t eq = entry.find('=');
+    if (eq != std::string::npos) {
+      add(entry.substr(0, eq), entry.substr(eq + 1));
+    } else if (parent.count(entry) != 0) {
+      add(entry, parent[entry]);
+    }
+  }
+  for (const auto& [name, value] : parent) {
+    if (name.rfind("KOLO_", 0) == 0) add(name, value);
+  }
+  for (const auto& name : thread_variables()) {
+    if (parent.count(name) != 0) add(name, parent[name]);
+  }
+  return vars;
+}
+
+}  // namespace kolo::launcher

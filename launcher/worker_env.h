@@ -1,0 +1,65 @@
+// The variables kolorun gives each worker.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hosts.h"
+
+namespace kolo::launcher {
+
+using EnvVar = std::pair<std::string, std::string>;
+// Reads one variable of kolorun's own environment (injected by tests).
+using ParentEnv = std::function<std::optional<std::string>(const std::string&)>;
+ParentEnv process_parent_env();
+
+// The OpenMP / BLAS thread-count variables kolorun fills in (torchrun sets the first).
+const std::vector<std::string>& thread_variables();
+
+struct JobInfo {
+  int size = 1;
+  std::string store_addr;  // what workers connect to
+  int store_port = 0;
+  std::string job_id;
+  std::string backend;                    // empty: KOLO_BACKEND not set (automatic)
+  std::optional<double> timeout_seconds;  // KOLO_TIMEOUT_SECONDS when set
+  int local_cores = 1;                    // cores kolorun may use on this host
+};
+
+// Cores this process may run on (its affinity mask), at least 1.
+int usable_cores();
+
+// A fresh job id, unique per run: "<hostname>-<pid>-<random hex>" (short; it
+// names shared-memory segments).
+std::string make_job_id();
+
+// Formats seconds the way the workers' config reads them back ("60", "0.5").
+std::string format_seconds(double seconds);
+
+// The KOLO_* bootstrap variables of one worker, in a fixed order.
+std::vector<EnvVar> kolo_variables(const Placement& placement, const JobInfo& job);
+
+// Thread-count variables for a worker on this host: max(1, cores / local_size)
+// for each of thread_variables() that the parent environment does not set.
+std::vector<EnvVar> local_thread_variables(const Placement& placement, const JobInfo& job,
+                                           const ParentEnv& parent);
+
+// The whole environment of a local worker as "NAME=VALUE" strings: the parent's
+// environment with kolorun's variables added or replaced.
+std::vector<std::string> local_worker_environment(const std::vector<std::string>& parent_environ,
+                                                  const std::vector<EnvVar>& variables);
+
+// kolorun's own environment as "NAME=VALUE" strings.
+std::vector<std::string> current_environ();
+
+// Variables forwarded to remote workers besides kolo_variables(): the parent's
+// other KOLO_* settings (e.g. KOLO_LOG_LEVEL), the thread variables the user set,
+// and each -x NAME / -x NAME=VALUE. A -x NAME that is unset here is skipped.
+std::vector<EnvVar> forwarded_variables(const std::vector<std::string>& parent_environ,
+                                        const std::vector<std::string>& forward_env,
+                                        const std::vector<EnvVar>& already_set);
+
+}  // namespace kolo::launcher
