@@ -1,6 +1,935 @@
-// PLACEHOLDER: replaced by the real implementation.
+// gloo backend: collectives over TCP through Debian's libgloo (0.5).
+//
+// kolo uses gloo for its transport only: the TCP device, the full mesh of
+// pairs built through the rendezvous store, and unbound buffers
+// (point-to-point send/recv, each wait with its own timeout). The algorithms
+// are kolo's, written on top, because
+//  - every wait then knows which peer it waits on, so a dead peer is named;
+//  - reductions run kolo's kernels (reduce.h) with f32/f64 staging
+//    (staged_reduction.h), so results agree with the other backends;
+//  - the timeout is per call (gloo's algorithm classes take it from the pairs,
+//    fixed when they connect).
+// Algorithms: allreduce = ring reduce-scatter + ring allgather (each rank moves
+// 2(n-1)/n of the data, segments pipelined so reduction overlaps the
+// transfer); ring reducescatter and allgather(v); broadcast by binomial tree
+// (small) or pipelined chain (large); direct exchange for alltoall(v) and for
+// the argument-check signatures; dissemination barrier.
+//
+// Faults: a gloo error while waiting on peer P means P died, closed its
+// connections or timed out. Before giving up, a rank writes a fault report
+// ("<prefix>/gloo/fault/<rank>") naming the rank it blames, then closes all
+// its connections, so that every rank blocked on it fails at once instead of
+// waiting for its timeout. A rank that sees P close reads P's report (P writes
+// it before closing) and names the rank P blamed: every survivor names the
+// rank that actually died. The communicator is unusable afterwards.
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <sstream>
+#include <thread>
+
 #include "comm/backends.h"
+#include "comm/signature.h"
+#include "comm/staged_reduction.h"
+#include "kolo/core/config.h"
 #include "kolo/core/errors.h"
-namespace kolo {
-namespace detail { std::unique_ptr<Communicator> make_gloo_communicator(const CommunicatorOptions&) { throw ContractError("not implemented yet"); } }
-}  // namespace kolo
+#include "kolo/core/store.h"
+#include "reduce.h"
+
+namespace kolo::detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Bytes per pipelined message of the ring algorithms: small enough to overlap
+// reduction with transfer, large enough to amortise gloo's per-message
+// handshake (a send moves once the receiver has posted its recv).
+constexpr size_t kSegmentBytes = 256 * 1024;
+// Receive slots in flight per ring step of reduce-scatter (bounds its scratch).
+constexpr size_t kRecvWindow = 4;
+// Broadcasts up to this size use the binomial tree (latency), larger ones the
+// pipelined chain (bandwidth).
+constexpr size_t kTreeBroadcastBytes = 64 * 1024;
+// Allreduces up to this size (per rank) gather every input in one exchange and
+// reduce locally: one message latency instead of 2(n-1) ring steps.
+constexpr size_t kDirectReduceBytes = 64 * 1024;
+// How long a rank that saw a peer close waits for that peer's fault report.
+constexpr milliseconds kReportWait{500};
+
+size_t mod(long long value, int n) { return static_cast<size_t>(((value % n) + n) % n); }
+
+class Deadline {
+ public:
+  explicit Deadline(milliseconds timeout) : timeout_(timeout), end_(Clock::now() + timeout) {}
+  milliseconds timeout() const { return timeout_; }
+  // Time left, rounded up to whole milliseconds; zero once passed.
+  milliseconds remaining() const {
+    const auto left = end_ - Clock::now();
+    if (left <= Clock::duration::zero()) return milliseconds(0);
+    return std::chrono::ceil<milliseconds>(left);
+  }
+  bool passed() const { return Clock::now() >= end_; }
+
+ private:
+  milliseconds timeout_;
+  Clock::time_point end_;
+};
+
+// A transport failure while talking to `peer`; becomes a RuntimeFault (or
+// TimeoutError) at the API boundary, in GlooCommunicator::handle_fault.
+struct PeerError {
+  int peer;
+  bool timed_out;
+  std::string detail;
+};
+
+// One direction of traffic with one peer over one memory region. Separate
+// channels per peer are what let a failed wait name the peer.
+class Channel {
+ public:
+  Channel(gloo::Context& context, int peer, void* base, size_t bytes, uint64_t slot)
+      : peer_(peer), slot_(slot) {
+    if (bytes > 0) buffer_ = context.createUnboundBuffer(base, bytes);
+  }
+  Channel(Channel&&) = default;
+
+  int peer() const { return peer_; }
+
+  // Zero-byte transfers are skipped on both sides (their sizes always agree).
+  void post_send(size_t offset_bytes, size_t bytes) {
+    if (bytes == 0) return;
+    guard([&] { buffer_->send(peer_, slot_, offset_bytes, bytes); });
+    ++sends_pending_;
+  }
+  void post_recv(size_t offset_bytes, size_t bytes) {
+    if (bytes == 0) return;
+    guard([&] { buffer_->recv(peer_, slot_, offset_bytes, bytes); });
+    ++recvs_pending_;
+  }
+  // Waits for the oldest pending receive (completions arrive in post order).
+  void wait_recv(const Deadline& deadline) {
+    if (recvs_pending_ == 0) return;
+    wait(deadline, [&](milliseconds left) { return buffer_->waitRecv(nullptr, left); });
+    --recvs_pending_;
+  }
+  void wait_send(const Deadline& deadline) {
+    if (sends_pending_ == 0) return;
+    wait(deadline, [&](milliseconds left) { return buffer_->waitSend(nullptr, left); });
+    --sends_pending_;
+  }
+  void drain(const Deadline& deadline) {
+    while (recvs_pending_ > 0) wait_recv(deadline);
+    while (sends_pending_ > 0) wait_send(deadline);
+  }
+
+ private:
+  template <typename F>
+  void guard(F&& call) {
+    try {
+      call();
+    } catch (const std::exception& error) {
+      throw PeerError{peer_, false, error.what()};
+    }
+  }
+
+  template <typename F>
+  void wait(const Deadline& deadline, F&& call) {
+    const milliseconds left = deadline.remaining();
+    if (left.count() <= 0) throw PeerError{peer_, true, "deadline passed"};
+    bool completed = false;
+    try {
+      completed = call(left);
+    } catch (const std::exception& error) {
+      // gloo reports its own timeout as an IoException too; the clock decides.
+      throw PeerError{peer_, deadline.passed(), error.what()};
+    }
+    if (!completed) throw PeerError{peer_, false, "transfer aborted"};
+  }
+
+  int peer_;
+  uint64_t slot_;
+  std::unique_ptr<gloo::transport::UnboundBuffer> buffer_;
+  size_t sends_pending_ = 0;
+  size_t recvs_pending_ = 0;
+};
+
+// Element ranges (offset, length) of the n blocks a ring algorithm moves.
+struct Blocks {
+  std::vector<size_t> offset;
+  std::vector<size_t> length;
+  size_t total = 0;
+};
+
+Blocks blocks_from_counts(const std::vector<size_t>& counts) {
+  Blocks blocks;
+  for (size_t count : counts) {
+    blocks.offset.push_back(blocks.total);
+    blocks.length.push_back(count);
+    blocks.total += count;
+  }
+  return blocks;
+}
+
+Blocks even_blocks(size_t count, int n) {
+  std::vector<size_t> counts(n, count / n);
+  for (size_t k = 0; k < count % n; ++k) ++counts[k];
+  return blocks_from_counts(counts);
+}
+
+struct Segment {
+  size_t offset_bytes;
+  size_t bytes;
+  int step;  // ring step that moves it
+};
+
+size_t segment_bytes(size_t element_bytes) {
+  return std::max<size_t>(1, kSegmentBytes / element_bytes) * element_bytes;
+}
+
+void append_segments(std::vector<Segment>& out, const Blocks& blocks, size_t block,
+                     size_t element_bytes, int step) {
+  const size_t seg = segment_bytes(element_bytes);
+  const size_t begin = blocks.offset[block] * element_bytes;
+  const size_t end = begin + blocks.length[block] * element_bytes;
+  for (size_t at = begin; at < end; at += seg) out.push_back({at, std::min(seg, end - at), step});
+}
+
+// Grow-only aligned scratch memory, reused across calls.
+class Scratch {
+ public:
+  uint8_t* get(size_t bytes) {
+    if (bytes > storage_.size() * sizeof(double)) {
+      storage_.clear();
+      storage_.shrink_to_fit();
+      storage_.resize((bytes + sizeof(double) - 1) / sizeof(double));
+    }
+    return reinterpret_cast<uint8_t*>(storage_.data());
+  }
+
+ private:
+  std::vector<double> storage_;
+};
+
+// gloo's rendezvous store interface over a kolo Store, under a key prefix.
+class StoreAdapter : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(std::shared_ptr<kolo::Store> store, std::string prefix, milliseconds timeout)
+      : store_(std::move(store)), prefix_(std::move(prefix)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(prefix_ + key, Bytes(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    const Bytes value = store_->get(prefix_ + key, timeout_);
+    return std::vector<char>(value.begin(), value.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const milliseconds& timeout) override {
+    std::vector<std::string> full;
+    for (const auto& key : keys) full.push_back(prefix_ + key);
+    store_->wait(full, timeout.count() > 0 ? timeout : timeout_);
+  }
+
+ private:
+  std::shared_ptr<kolo::Store> store_;
+  std::string prefix_;
+  milliseconds timeout_;
+};
+
+std::string this_host_name(const Config& config) {
+  if (config.is_set("KOLO_HOSTNAME")) return config.get_string("KOLO_HOSTNAME");
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
+bool is_loopback(const sockaddr* address) {
+  if (address->sa_family != AF_INET) return false;
+  const auto* in = reinterpret_cast<const sockaddr_in*>(address);
+  return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+}
+
+std::string ipv4_text(const sockaddr* address) {
+  char text[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(address)->sin_addr, text,
+            sizeof(text));
+  return text;
+}
+
+// An address other hosts can reach: the host name's address unless it is
+// loopback (Debian maps the host name to 127.0.1.1), else the first non-loopback
+// IPv4 interface that is up, else the host name itself.
+std::string reachable_address(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) == 0) {
+    std::string result;
+    for (addrinfo* a = found; a != nullptr && result.empty(); a = a->ai_next) {
+      if (!is_loopback(a->ai_addr)) result = ipv4_text(a->ai_addr);
+    }
+    freeaddrinfo(found);
+    if (!result.empty()) return result;
+  }
+  ifaddrs* interfaces = nullptr;
+  if (getifaddrs(&interfaces) == 0) {
+    std::string result;
+    for (ifaddrs* i = interfaces; i != nullptr && result.empty(); i = i->ifa_next) {
+      if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET &&
+          (i->ifa_flags & IFF_UP) != 0 && !is_loopback(i->ifa_addr)) {
+        result = ipv4_text(i->ifa_addr);
+      }
+    }
+    freeifaddrs(interfaces);
+    if (!result.empty()) return result;
+  }
+  return host;
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string text;
+  for (int rank : ranks) text += (text.empty() ? "" : ", ") + std::to_string(rank);
+  return text;
+}
+
+// What a rank that gave up writes to the store before closing its connections.
+struct FaultReport {
+  bool timed_out = false;
+  std::vector<int> ranks;  // blamed ranks
+  std::string text;        // the reporter's message
+
+  std::string encode() const {
+    std::string line = timed_out ? "T" : "F";
+    for (int rank : ranks) line += " " + std::to_string(rank);
+    return line + "\n" + text;
+  }
+  static std::optional<FaultReport> decode(const std::string& value) {
+    FaultReport report;
+    const size_t newline = value.find('\n');
+    std::istringstream head(value.substr(0, newline));
+    std::string kind;
+    if (!(head >> kind) || (kind != "T" && kind != "F")) return std::nullopt;
+    report.timed_out = kind == "T";
+    int rank = 0;
+    while (head >> rank) report.ranks.push_back(rank);
+    if (newline != std::string::npos) report.text = value.substr(newline + 1);
+    return report;
+  }
+};
+
+class GlooCommunicator : public Communicator {
+ public:
+  explicit GlooCommunicator(const CommunicatorOptions& options)
+      : rank_(options.rank),
+        size_(options.size),
+        store_(options.store),
+        prefix_(options.prefix + "/gloo/"),
+        default_timeout_(options.timeout),
+        check_args_(options.check_args) {
+    if (size_ > 1) connect();
+  }
+
+  ~GlooCommunicator() override {
+    try {
+      context_.reset();
+      device_.reset();
+    } catch (...) {
+      // A destructor must not throw; the sockets are closed either way.
+    }
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "gloo"; }
+
+  void allreduce(const void* in, void* out, size_t count, DType dtype,
+                 const AllreduceOptions& options) override {
+    check_local_args(CollectiveKind::kAllreduce, size_, in, out, count, &options, 0);
+    CallSignature sig = reduce_signature(CollectiveKind::kAllreduce, count, dtype, options);
+    run(sig, options.timeout, [&](uint64_t seq, const Deadline& deadline) {
+      if (count == 0) return;
+      const size_t out_bytes = dtype_size(dtype);
+      if (size_ == 1 || count * out_bytes <= kDirectReduceBytes) {
+        direct_allreduce(in, out, count, dtype, options, slot(seq, 1), deadline);
+        return;
+      }
+      const ReductionPlan plan = plan_reduction(dtype, options);
+      const size_t wire_bytes = dtype_size(plan.wire);
+      uint8_t* result = static_cast<uint8_t*>(out);
+      uint8_t* work = plan.staged ? work_.get(count * wire_bytes) : result;
+      stage_in(plan, options, in, work, count);
+      const Blocks blocks = even_blocks(count, size_);
+      ring_reduce_scatter(work, blocks, plan.wire, plan.wire_op, slot(seq, 1), deadline);
+      // Finish and convert only this rank's block; the allgather then moves
+      // final values in the caller's dtype.
+      const size_t mine = blocks.offset[rank_];
+      stage_out(plan, options, work + mine * wire_bytes, result + mine * out_bytes,
+                blocks.length[rank_], size_);
+      ring_allgather(result, blocks, out_bytes, slot(seq, 2), deadline);
+    });
+  }
+
+  void allgather(const void* in, void* out, size_t count, DType dtype,
+                 const CollectiveOptions& options) override {
+    check_local_args(CollectiveKind::kAllgather, size_, in, out, count, nullptr, 0);
+    CallSignature sig = plain_signature(CollectiveKind::kAllgather, count, dtype);
+    run(sig, options.timeout, [&](uint64_t seq, const Deadline& deadline) {
+      if (count == 0) return;
+      const size_t element_bytes = dtype_size(dtype);
+      uint8_t* result = static_cast<uint8_t*>(out);
+      uint8_t* mine = result + rank_ * count * element_bytes;
+      if (in != mine) std::memcpy(mine, in, count * element_bytes);
+      const Blocks blocks = blocks_from_counts(std::vector<size_t>(size_, count));
+      ring_allgather(result, blocks, element_bytes, slot(seq, 1), deadline);
+    });
+  }
+
+  void allgatherv(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
+                  const CollectiveOptions& options) override {
+    check_counts_arg(CollectiveKind::kAllgatherv, "counts", counts, size_);
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    check_local_args(CollectiveKind::kAllgatherv, size_, counts[rank_] > 0 ? in : out, out, total,
+                     nullptr, 0);
+    CallSignature sig = plain_signature(CollectiveKind::kAllgatherv, hash_counts(counts), dtype);
+    run(sig, options.timeout, [&](uint64_t seq, const Deadline& deadline) {
+      if (total == 0) return;
+      const size_t element_bytes = dtype_size(dtype);
+      const Blocks blocks = blocks_from_counts(counts);
+      uint8_t* result = static_cast<uint8_t*>(out);
+      uint8_t* mine = result + blocks.offset[rank_] * element_bytes;
+      if (counts[rank_] > 0 && in != mine) std::memcpy(mine, in, counts[rank_] * element_bytes);
+      ring_allgather(result, blocks, element_bytes, slot(seq, 1), deadline);
+    });
+  }
+
+  void broadcast(void* buffer, size_t count, DType dtype,
+                 const BroadcastOptions& options) override {
+    check_local_args(CollectiveKind::kBroadcast, size_, buffer, buffer, count, nullptr,
+                     options.root);
+    CallSignature sig = plain_signature(CollectiveKind::kBroadcast, count, dtype);
+    sig.root = options.root;
+    run(sig, options.timeout, [&](uint64_t seq, const Deadline& deadline) {
+      const size_t bytes = count * dtype_size(dtype);
+      if (bytes == 0 || size_ == 1) return;
+      if (bytes <= kTreeBroadcastBytes || size_ == 2) {
+        tree_broadcast(static_cast<uint8_t*>(buffer), bytes, options.root, slot(seq, 1),
+                       deadline);
+      } else {
+        chain_broadcast(static_cast<uint8_t*>(buffer), bytes, options.root, slot(seq, 1),
+                        deadline);
+      }
+    });
+  }
+
+  void reducescatter(const void* in, void* out, size_t count, DType dtype,
+                     const AllreduceOptions& options) override {
+    check_local_args(CollectiveKind::kReducescatter, size_, in, out, count, &options, 0);
+    CallSignature sig = reduce_signature(CollectiveKind::kReducescatter, count, dtype, options);
+    run(sig, options.timeout, [&](uint64_t seq, const Deadline& deadline) {
+      if (count == 0) return;
+      const ReductionPlan plan = plan_reduction(dtype, options);
+      const size_t wire_bytes = dtype_size(plan.wire);
+      const size_t total = count * size_;
+      // `in` is const (and in place only the first block may be overwritten),
+      // so the reduction always runs in scratch.
+      uint8_t* work = work_.get(total * wire_bytes);
+      stage_in(plan, options, in, work, total);
+      const Blocks blocks = blocks_from_counts(std::vector<size_t>(size_, count));
+      ring_reduce_scatter(work, blocks, plan.wire, plan.wire_op, slot(seq, 1), deadline);
+      stage_out(plan, options, work + rank_ * count * wire_bytes, out, count, size_);
+    });
+  }
+
+  void alltoall(const void* in, void* out, size_t count, DType dtype,
+                const CollectiveOptions& options) override {
+    check_local_args(CollectiveKind::kAlltoall, size_, in, out, count, nullptr, 0);
+    CallSignature sig = plain_signature(CollectiveKind::kAlltoall, count, dtype);
+    run(sig, options.timeout, [&](uint64_t seq, const Deadline& deadline) {
+      if (count == 0) return;
+      const std::vector<size_t> counts(size_, count);
+      exchange(in, counts, out, counts, dtype_size(dtype), slot(seq, 1), deadline);
+    });
+  }
+
+  void alltoallv(const void* in, const std::vector<size_t>& send_counts, void* out,
+                 const std::vector<size_t>& recv_counts, DType dtype,
+                 const CollectiveOptions& options) override {
+    check_counts_arg(CollectiveKind::kAlltoallv, "send_counts", send_counts, size_);
+    check_counts_arg(CollectiveKind::kAlltoallv, "recv_counts", recv_counts, size_);
+    size_t send_total = 0;
+    size_t recv_total = 0;
+    for (int k = 0; k < size_; ++k) {
+      send_total += send_counts[k];
+      recv_total += recv_counts[k];
+    }
+    check_local_args(CollectiveKind::kAlltoallv, size_, send_total > 0 ? in : out, out,
+                     std::max(send_total, recv_total), nullptr, 0);
+    if (send_total > 0 && recv_total > 0 && in == out) {
+      throw ContractError("kolo alltoallv: in and out are the same buffer; alltoallv has no "
+                          "in-place form, pass a separate output buffer");
+    }
+    CallSignature sig = plain_signature(CollectiveKind::kAlltoallv, 0, dtype);
+    run(sig, options.timeout, [&](uint64_t seq, const Deadline& deadline) {
+      if (check_args_ && size_ > 1) check_alltoallv(send_counts, recv_counts, seq, deadline);
+      exchange(in, send_counts, out, recv_counts, dtype_size(dtype), slot(seq, 3), deadline);
+    });
+  }
+
+  void barrier(const CollectiveOptions& options) override {
+    CallSignature sig;
+    sig.kind = CollectiveKind::kBarrier;
+    run(sig, options.timeout, [&](uint64_t seq, const Deadline& deadline) {
+      // Dissemination: after round k every rank has heard (indirectly) from
+      // 2^(k+1) ranks; ceil(log2 n) rounds.
+      uint8_t token_out = 1;
+      uint8_t token_in = 0;
+      int round = 0;
+      for (int distance = 1; distance < size_; distance <<= 1, ++round) {
+        Channel to(*context_, static_cast<int>(mod(rank_ + distance, size_)), &token_out, 1,
+                   slot(seq, 4 + round));
+        Channel from(*context_, static_cast<int>(mod(rank_ - distance, size_)), &token_in, 1,
+                     slot(seq, 4 + round));
+        from.post_recv(0, 1);
+        to.post_send(0, 1);
+        from.drain(deadline);
+        to.drain(deadline);
+      }
+    });
+  }
+
+ private:
+  // ---- Setup -----------------------------------------------------------------
+
+  void connect() {
+    if (!store_) {
+      throw ContractError("kolo make_communicator(gloo): options.store is null; the gloo backend "
+                          "of a " + std::to_string(size_) + "-rank world needs a rendezvous "
+                          "store (kolorun serves one; tests use make_memory_store or "
+                          "make_file_store)");
+    }
+    const Config config = Config::load(process_env());
+    const std::string iface = config.get_string("KOLO_GLOO_IFACE");
+    const std::string host = this_host_name(config);
+
+    // Every rank publishes its host name: all on one host -> loopback. This
+    // also waits until every rank has arrived, with a message naming the late.
+    store_->set(prefix_ + "host/" + std::to_string(rank_), to_bytes(host));
+    std::vector<std::string> host_keys;
+    for (int r = 0; r < size_; ++r) host_keys.push_back(prefix_ + "host/" + std::to_string(r));
+    try {
+      store_->wait(host_keys, default_timeout_);
+    } catch (const TimeoutError&) {
+      std::vector<int> missing;
+      for (int r = 0; r < size_; ++r) {
+        if (!store_->check({host_keys[r]})) missing.push_back(r);
+      }
+      throw TimeoutError("kolo make_communicator(gloo): rank(s) " + join_ranks(missing) +
+                             " did not arrive at rendezvous '" + prefix_ + "' within " +
+                             std::to_string(default_timeout_.count()) + " ms",
+                         missing);
+    }
+    bool all_local = true;
+    for (int r = 0; r < size_; ++r) {
+      if (to_string(store_->get(host_keys[r], default_timeout_)) != host) all_local = false;
+    }
+
+    gloo::transport::tcp::attr attr;
+    std::string where;
+    if (!iface.empty()) {
+      attr.iface = iface;
+      where = "interface " + iface + " (KOLO_GLOO_IFACE)";
+    } else {
+      attr.hostname = all_local ? "127.0.0.1" : reachable_address(host);
+      where = "address " + attr.hostname;
+    }
+    try {
+      device_ = gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception& error) {
+      throw ContractError("kolo make_communicator(gloo): cannot open a TCP device on " + where +
+                          ": " + error.what() +
+                          (iface.empty() ? "; set KOLO_GLOO_IFACE to a network interface"
+                                         : "; check the interface name (ip link)"));
+    }
+
+    context_ = std::make_shared<gloo::rendezvous::Context>(rank_, size_);
+    context_->setTimeout(default_timeout_);
+    StoreAdapter adapter(store_, prefix_ + "mesh/", default_timeout_);
+    try {
+      context_->connectFullMesh(adapter, device_);
+    } catch (const TimeoutError& error) {
+      throw TimeoutError(std::string("kolo make_communicator(gloo): connecting the full mesh "
+                                     "timed out: ") + error.what());
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& error) {
+      throw RuntimeFault(std::string("kolo make_communicator(gloo): connecting rank ") +
+                         std::to_string(rank_) + " to its peers on " + where +
+                         " failed: " + error.what());
+    }
+  }
+
+  // ---- Calls -------------------------------------------------------------------
+
+  static CallSignature plain_signature(CollectiveKind kind, uint64_t count, DType dtype) {
+    CallSignature sig;
+    sig.kind = kind;
+    sig.count = count;
+    sig.dtype = dtype;
+    return sig;
+  }
+
+  static CallSignature reduce_signature(CollectiveKind kind, size_t count, DType dtype,
+                                        const AllreduceOptions& options) {
+    CallSignature sig = plain_signature(kind, count, dtype);
+    sig.op = options.op;
+    sig.prescale = options.prescale;
+    sig.postscale = options.postscale;
+    return sig;
+  }
+
+  // Slots keep the messages of different calls and phases apart.
+  static uint64_t slot(uint64_t sequence, int phase) { return (sequence << 8) | phase; }
+
+  // Runs one collective: argument check across ranks, then `body`, turning
+  // transport failures into RuntimeFault / TimeoutError.
+  template <typename Body>
+  void run(CallSignature sig, milliseconds timeout, Body&& body) {
+    const char* op = collective_name(sig.kind);
+    if (!fault_.empty()) {
+      throw RuntimeFault(std::string("kolo gloo ") + op + ": the communicator is unusable after "
+                         "an earlier fault (" + fault_ + "); destroy it and build a new one",
+                         fault_ranks_);
+    }
+    const uint64_t sequence = sequence_++;
+    sig.sequence = sequence;
+    const Deadline deadline(timeout.count() > 0 ? timeout : default_timeout_);
+    try {
+      if (check_args_ && size_ > 1) {
+        std::vector<CallSignature> all(size_);
+        direct_allgather(&sig, all.data(), sizeof(CallSignature), slot(sequence, 0), deadline);
+        check_signatures(all);
+      }
+      body(sequence, deadline);
+    } catch (const PeerError& error) {
+      handle_fault(op, error, deadline);
+    }
+  }
+
+  [[noreturn]] void handle_fault(const char* op, const PeerError& error,
+                                 const Deadline& deadline) {
+    std::string message = std::string("kolo gloo ") + op + " (rank " + std::to_string(rank_) +
+                          " of " + std::to_string(size_) + "): ";
+    FaultReport cause;
+    cause.timed_out = error.timed_out;
+    cause.ranks = {error.peer};
+    if (error.timed_out) {
+      message += "timed out after " + std::to_string(deadline.timeout().count()) +
+                 " ms waiting for rank " + std::to_string(error.peer);
+    } else if (auto relayed = read_report(error.peer)) {
+      // The peer gave up first and closed its connections; blame what it blamed.
+      cause.timed_out = relayed->timed_out;
+      cause.ranks = relayed->ranks;
+      message += "rank " + std::to_string(error.peer) + " abandoned the collective: " +
+                 relayed->text;
+    } else {
+      message += "lost rank " + std::to_string(error.peer) + " (" + error.detail + ")";
+    }
+    message += "; the communicator is unusable, rebuild it from the surviving ranks";
+    cause.text = message;
+
+    // Report first, then close: a peer that sees the close finds the report.
+    try {
+      store_->set(prefix_ + "fault/" + std::to_string(rank_), to_bytes(cause.encode()));
+    } catch (const std::exception&) {
+      // Best effort: without the report peers blame this rank instead.
+    }
+    try {
+      context_->closeConnections();
+    } catch (const std::exception&) {
+      // Pairs already closed by the error.
+    }
+    fault_ = message;
+    fault_ranks_ = cause.ranks;
+    if (cause.timed_out) throw TimeoutError(message, cause.ranks);
+    throw RuntimeFault(message, cause.ranks);
+  }
+
+  std::optional<FaultReport> read_report(int peer) {
+    if (peer < 0) return std::nullopt;
+    const std::string key = prefix_ + "fault/" + std::to_string(peer);
+    const auto until = Clock::now() + kReportWait;
+    try {
+      while (true) {
+        if (store_->check({key})) {
+          return FaultReport::decode(to_string(store_->get(key, kReportWait)));
+        }
+        if (Clock::now() >= until) return std::nullopt;
+        std::this_thread::sleep_for(milliseconds(5));
+      }
+    } catch (const std::exception&) {
+      return std::nullopt;  // store gone too: blame the peer itself
+    }
+  }
+
+  // ---- Algorithms ------------------------------------------------------------
+
+  // Every rank contributes `bytes` at `mine`; `all` receives size() * bytes in
+  // rank order. One message to and from every peer: latency of one hop.
+  void direct_allgather(const void* mine, void* all, size_t bytes, uint64_t slot,
+                        const Deadline& deadline) {
+    uint8_t* result = static_cast<uint8_t*>(all);
+    if (mine != result + rank_ * bytes) std::memcpy(result + rank_ * bytes, mine, bytes);
+    std::vector<Channel> channels;
+    channels.reserve(2 * size_);
+    for (int step = 1; step < size_; ++step) {
+      const int from = static_cast<int>(mod(rank_ - step, size_));
+      channels.emplace_back(*context_, from, result + from * bytes, bytes, slot);
+      channels.back().post_recv(0, bytes);
+    }
+    for (int step = 1; step < size_; ++step) {
+      const int to = static_cast<int>(mod(rank_ + step, size_));
+      channels.emplace_back(*context_, to, result + rank_ * bytes, bytes, slot);
+      channels.back().post_send(0, bytes);
+    }
+    for (auto& channel : channels) channel.drain(deadline);
+  }
+
+  // Small allreduce: every rank gathers all inputs and reduces them in rank
+  // order with reduce_inputs, exactly as the shm and threads backends do.
+  void direct_allreduce(const void* in, void* out, size_t count, DType dtype,
+                        const AllreduceOptions& options, uint64_t slot,
+                        const Deadline& deadline) {
+    const size_t bytes = count * dtype_size(dtype);
+    uint8_t* gathered = work_.get(size_ * bytes);
+    if (size_ > 1) {
+      direct_allgather(in, gathered, bytes, slot, deadline);
+    } else {
+      std::memcpy(gathered, in, bytes);
+    }
+    std::vector<const void*> inputs(size_);
+    for (int k = 0; k < size_; ++k) inputs[k] = gathered + k * bytes;
+    reduce_inputs(out, inputs.data(), size_, count, dtype, options, size_);
+  }
+
+  // alltoallv counts agree across ranks: send_counts[k] on r == recv_counts[r] on k.
+  void check_alltoallv(const std::vector<size_t>& send_counts,
+                       const std::vector<size_t>& recv_counts, uint64_t sequence,
+                       const Deadline& deadline) {
+    std::vector<uint64_t> mine(2 * size_);
+    for (int k = 0; k < size_; ++k) {
+      mine[k] = send_counts[k];
+      mine[size_ + k] = recv_counts[k];
+    }
+    std::vector<uint64_t> all(2 * size_ * size_);
+    direct_allgather(mine.data(), all.data(), mine.size() * sizeof(uint64_t), slot(sequence, 2),
+                     deadline);
+    std::vector<std::vector<size_t>> sends(size_), recvs(size_);
+    for (int r = 0; r < size_; ++r) {
+      const uint64_t* row = all.data() + r * 2 * size_;
+      sends[r].assign(row, row + size_);
+      recvs[r].assign(row + size_, row + 2 * size_);
+    }
+    check_alltoallv_counts(sends, recvs);
+  }
+
+  // Ring reduce-scatter in place on `work` (blocks.total elements of `wire`):
+  // at step s rank r sends block r-s-1 to r+1 and reduces block r-s-2 received
+  // from r-1, so after n-1 steps block r holds the reduction of every rank's
+  // block r. Each received segment is reduced and forwarded at once.
+  void ring_reduce_scatter(uint8_t* work, const Blocks& blocks, DType wire, ReduceOp op,
+                           uint64_t slot, const Deadline& deadline) {
+    if (size_ == 1) return;
+    const size_t element_bytes = dtype_size(wire);
+    const int right = static_cast<int>(mod(rank_ + 1, size_));
+    const int left = static_cast<int>(mod(rank_ - 1, size_));
+    std::vector<Segment> first_sends;
+    append_segments(first_sends, blocks, mod(rank_ - 1, size_), element_bytes, 0);
+    std::vector<Segment> recvs;
+    for (int step = 0; step < size_ - 1; ++step) {
+      append_segments(recvs, blocks, mod(rank_ - step - 2, size_), element_bytes, step);
+    }
+    const size_t seg = segment_bytes(element_bytes);
+    uint8_t* inbox = inbox_.get(kRecvWindow * seg);
+
+    Channel to_right(*context_, right, work, blocks.total * element_bytes, slot);
+    Channel from_left(*context_, left, inbox, kRecvWindow * seg, slot);
+    for (const Segment& s : first_sends) to_right.post_send(s.offset_bytes, s.bytes);
+    for (size_t i = 0; i < std::min(kRecvWindow, recvs.size()); ++i) {
+      from_left.post_recv(i * seg, recvs[i].bytes);
+    }
+    for (size_t i = 0; i < recvs.size(); ++i) {
+      const Segment& s = recvs[i];
+      from_left.wait_recv(deadline);
+      reduce_pair(work + s.offset_bytes, inbox + (i % kRecvWindow) * seg,
+                  s.bytes / element_bytes, wire, op);
+      // The block reduced at step s is the one sent at step s+1.
+      if (s.step < size_ - 2) to_right.post_send(s.offset_bytes, s.bytes);
+      if (i + kRecvWindow < recvs.size()) {
+        from_left.post_recv((i % kRecvWindow) * seg, recvs[i + kRecvWindow].bytes);
+      }
+    }
+    to_right.drain(deadline);
+  }
+
+  // Ring allgather in place on `buffer`: block r is present on rank r; at step
+  // s rank r forwards block r-s to r+1 and receives block r-s-1 from r-1.
+  // Receives go straight to their final place, so all are posted up front and
+  // each arriving segment is forwarded at once.
+  void ring_allgather(uint8_t* buffer, const Blocks& blocks, size_t element_bytes,
+                      uint64_t slot, const Deadline& deadline) {
+    if (size_ == 1) return;
+    const int right = static_cast<int>(mod(rank_ + 1, size_));
+    const int left = static_cast<int>(mod(rank_ - 1, size_));
+    std::vector<Segment> first_sends;
+    append_segments(first_sends, blocks, rank_, element_bytes, 0);
+    std::vector<Segment> recvs;
+    for (int step = 0; step < size_ - 1; ++step) {
+      append_segments(recvs, blocks, mod(rank_ - step - 1, size_), element_bytes, step);
+    }
+    const size_t total_bytes = blocks.total * element_bytes;
+    Channel to_right(*context_, right, buffer, total_bytes, slot);
+    Channel from_left(*context_, left, buffer, total_bytes, slot);
+    for (const Segment& s : recvs) from_left.post_recv(s.offset_bytes, s.bytes);
+    for (const Segment& s : first_sends) to_right.post_send(s.offset_bytes, s.bytes);
+    for (const Segment& s : recvs) {
+      from_left.wait_recv(deadline);
+      if (s.step < size_ - 2) to_right.post_send(s.offset_bytes, s.bytes);
+    }
+    to_right.drain(deadline);
+  }
+
+  // Binomial tree from `root`: ceil(log2 n) message latencies.
+  void tree_broadcast(uint8_t* buffer, size_t bytes, int root, uint64_t slot,
+                      const Deadline& deadline) {
+    const size_t vrank = mod(rank_ - root, size_);
+    size_t mask = 1;
+    while (mask < static_cast<size_t>(size_)) {
+      if ((vrank & mask) != 0) {
+        Channel parent(*context_, static_cast<int>(mod(vrank - mask + root, size_)), buffer,
+                       bytes, slot);
+        parent.post_recv(0, bytes);
+        parent.drain(deadline);
+        break;
+      }
+      mask <<= 1;
+    }
+    std::vector<Channel> children;
+    for (mask >>= 1; mask > 0; mask >>= 1) {
+      if (vrank + mask < static_cast<size_t>(size_)) {
+        children.emplace_back(*context_, static_cast<int>(mod(vrank + mask + root, size_)),
+                              buffer, bytes, slot);
+        children.back().post_send(0, bytes);
+      }
+    }
+    for (auto& child : children) child.drain(deadline);
+  }
+
+  // Pipelined chain root -> root+1 -> ...: each segment is forwarded as soon as
+  // it arrives, so large buffers take about one buffer time plus n hops.
+  void chain_broadcast(uint8_t* buffer, size_t bytes, int root, uint64_t slot,
+                       const Deadline& deadline) {
+    const size_t vrank = mod(rank_ - root, size_);
+    const bool has_next = vrank + 1 < static_cast<size_t>(size_);
+    std::optional<Channel> from_prev;
+    std::optional<Channel> to_next;
+    if (vrank > 0) from_prev.emplace(*context_, static_cast<int>(mod(rank_ - 1, size_)), buffer,
+                                     bytes, slot);
+    if (has_next) to_next.emplace(*context_, static_cast<int>(mod(rank_ + 1, size_)), buffer,
+                                  bytes, slot);
+    const size_t seg = kSegmentBytes;
+    for (size_t at = 0; at < bytes; at += seg) {
+      const size_t length = std::min(seg, bytes - at);
+      if (from_prev) {
+        from_prev->post_recv(at, length);
+      } else {
+        to_next->post_send(at, length);
+      }
+    }
+    if (from_prev) {
+      for (size_t at = 0; at < bytes; at += seg) {
+        from_prev->wait_recv(deadline);
+        if (to_next) to_next->post_send(at, std::min(seg, bytes - at));
+      }
+    }
+    if (to_next) to_next->drain(deadline);
+  }
+
+  // Direct exchange: send_counts[k] elements (consecutive in `in`) go to rank
+  // k, recv_counts[k] arrive from rank k (consecutive in `out`). Handles
+  // in == out (alltoall in place) through a copy of the input.
+  void exchange(const void* in, const std::vector<size_t>& send_counts, void* out,
+                const std::vector<size_t>& recv_counts, size_t element_bytes, uint64_t slot,
+                const Deadline& deadline) {
+    const Blocks sends = blocks_from_counts(send_counts);
+    const Blocks recvs = blocks_from_counts(recv_counts);
+    const uint8_t* source = static_cast<const uint8_t*>(in);
+    uint8_t* result = static_cast<uint8_t*>(out);
+    if (source == result && sends.total > 0) {
+      uint8_t* copy = exchange_copy_.get(sends.total * element_bytes);
+      std::memcpy(copy, source, sends.total * element_bytes);
+      source = copy;
+    }
+    if (recv_counts[rank_] > 0) {
+      std::memcpy(result + recvs.offset[rank_] * element_bytes,
+                  source + sends.offset[rank_] * element_bytes,
+                  recv_counts[rank_] * element_bytes);
+    }
+    std::vector<Channel> channels;
+    channels.reserve(2 * size_);
+    for (int step = 1; step < size_; ++step) {
+      const int from = static_cast<int>(mod(rank_ - step, size_));
+      channels.emplace_back(*context_, from, result + recvs.offset[from] * element_bytes,
+                            recv_counts[from] * element_bytes, slot);
+      channels.back().post_recv(0, recv_counts[from] * element_bytes);
+    }
+    for (int step = 1; step < size_; ++step) {
+      const int to = static_cast<int>(mod(rank_ + step, size_));
+      // gloo's buffer is not written through a send; the cast only fits its API.
+      channels.emplace_back(*context_, to,
+                            const_cast<uint8_t*>(source + sends.offset[to] * element_bytes),
+                            send_counts[to] * element_bytes, slot);
+      channels.back().post_send(0, send_counts[to] * element_bytes);
+    }
+    for (auto& channel : channels) channel.drain(deadline);
+  }
+
+  const int rank_;
+  const int size_;
+  std::shared_ptr<Store> store_;
+  const std::string prefix_;  // "<options.prefix>/gloo/"
+  const milliseconds default_timeout_;
+  const bool check_args_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  uint64_t sequence_ = 0;
+  Scratch work_;           // staged reductions, reducescatter input copy
+  Scratch inbox_;          // reduce-scatter receive window
+  Scratch exchange_copy_;  // in-place alltoall
+  std::string fault_;      // set once a fault broke the communicator
+  std::vector<int> fault_ranks_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_gloo_communicator(const CommunicatorOptions& options) {
+  return std::make_unique<GlooCommunicator>(options);
+}
+
+}  // namespace kolo::detail
