@@ -1,18 +1,314 @@
-// PLACEHOLDER: replaced by the real implementation.
+// Runtime bootstrap and the process-wide default runtime (runtime.h).
+//
+// Bootstrap order: config -> topology -> store (connect, or serve it on
+// torchrun-style rank 0) -> placement (host names through the store when the
+// launcher did not give it) -> backend choice -> world communicator ->
+// placement through the communicator when there was no store (mpi).
+//
+// Store layout: every init of a process takes a generation number g from the
+// counter "kolo/inits/<rank>" (all ranks init equally often, so they agree) and
+// works under the prefix "kolo/init<g>": a second init() after shutdown() never
+// sees the first one's keys.
 #include "kolo/core/runtime.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "comm/backends.h"
 #include "kolo/core/errors.h"
+#include "log.h"
+
 namespace kolo {
-Runtime::Runtime(const InitOptions&) { throw ContractError("not implemented yet"); }
-Runtime::Runtime(std::unique_ptr<Communicator>, Config) { throw ContractError("not implemented yet"); }
-Runtime::~Runtime() = default;
-void init(const InitOptions&) { throw ContractError("not implemented yet"); }
-void shutdown() { throw ContractError("not implemented yet"); }
-bool is_initialized() { throw ContractError("not implemented yet"); }
-Runtime& runtime() { throw ContractError("not implemented yet"); }
-int rank() { throw ContractError("not implemented yet"); }
-int size() { throw ContractError("not implemented yet"); }
-int local_rank() { throw ContractError("not implemented yet"); }
-int local_size() { throw ContractError("not implemented yet"); }
-int cross_rank() { throw ContractError("not implemented yet"); }
-int cross_size() { throw ContractError("not implemented yet"); }
+namespace {
+
+using std::chrono::milliseconds;
+
+// How long rank 0 keeps serving the store at shutdown for the other ranks to
+// finish with it (at most the runtime timeout).
+constexpr milliseconds kShutdownGrace{30000};
+
+// Bytes per host name in the allgather of host names (mpi without a store).
+constexpr size_t kHostNameBytes = 256;
+
+std::string lower(std::string text) {
+  for (auto& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "ip6-localhost" || host == "::1" ||
+         host.rfind("127.", 0) == 0;
+}
+
+std::string this_host_name(const Config& config) {
+  if (config.is_set("KOLO_HOSTNAME")) return config.get_string("KOLO_HOSTNAME");
+  char name[kHostNameBytes] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
+// Fills local_* / cross_* of `t` from every rank's host name; hosts are
+// numbered in the order of their lowest rank.
+void place_by_host(const std::vector<std::string>& hosts, Topology& t) {
+  std::map<std::string, int> host_index;
+  for (const auto& host : hosts) host_index.emplace(host, static_cast<int>(host_index.size()));
+  const std::string& mine = hosts[t.rank];
+  t.cross_size = static_cast<int>(host_index.size());
+  t.cross_rank = host_index[mine];
+  t.local_rank = 0;
+  t.local_size = 0;
+  for (int r = 0; r < t.size; ++r) {
+    if (hosts[r] != mine) continue;
+    if (r < t.rank) ++t.local_rank;
+    ++t.local_size;
+  }
+  t.placement_known = true;
+}
+
+std::string store_hint() {
+  return "launch with kolorun, or set MASTER_ADDR and MASTER_PORT (rank 0 serves the store on "
+         "that port), or KOLO_STORE_ADDR and KOLO_STORE_PORT (a store served elsewhere)";
+}
+
+}  // namespace
+
+Runtime::Runtime(const InitOptions& options) {
+  const EnvLookup env = options.env ? options.env : process_env();
+  config_ = Config::load(env);
+  topology_ = detect_topology(env, config_);
+  const detail::Logger logger = detail::Logger::from_config(config_, topology_.rank);
+
+  const milliseconds timeout =
+      options.timeout ? *options.timeout
+                      : milliseconds(static_cast<int64_t>(
+                            config_.get_double("KOLO_TIMEOUT_SECONDS") * 1000.0 + 0.5));
+  if (timeout.count() <= 0) {
+    throw ContractError("kolo::init: InitOptions.timeout must be > 0 ms, got " +
+                        std::to_string(timeout.count()));
+  }
+  std::string requested =
+      options.backend ? lower(*options.backend) : config_.get_string("KOLO_BACKEND");
+  if (requested != "auto" && requested != "shm" && requested != "gloo" && requested != "mpi") {
+    throw ContractError("kolo::init: InitOptions.backend '" + *options.backend +
+                        "' is not one of auto, shm, gloo, mpi");
+  }
+
+  // Rendezvous store: only a world of more than one needs it.
+  if (topology_.size > 1 && !topology_.store_host.empty()) {
+    std::string connect_host = topology_.store_host;
+    if (topology_.serve_store) {
+      TcpStoreServer::Options server;
+      server.bind_address = is_loopback(topology_.store_host) ? "127.0.0.1" : "0.0.0.0";
+      server.port = topology_.store_port;
+      store_server_ = std::make_unique<TcpStoreServer>(server);
+      connect_host = "127.0.0.1";
+      logger.info("serving the rendezvous store on " + server.bind_address + ":" +
+                  std::to_string(server.port));
+    }
+    auto raw = connect_tcp_store(connect_host, topology_.store_port, timeout);
+    const int64_t generation = raw->add("kolo/inits/" + std::to_string(topology_.rank), 1);
+    store_ = make_prefix_store(raw, "kolo/init" + std::to_string(generation));
+  }
+
+  // Placement through the store when the launcher did not give it.
+  if (!topology_.placement_known && store_) {
+    store_->set("host/" + std::to_string(topology_.rank), to_bytes(this_host_name(config_)));
+    std::vector<std::string> keys;
+    for (int r = 0; r < topology_.size; ++r) keys.push_back("host/" + std::to_string(r));
+    store_->wait(keys, timeout);
+    std::vector<std::string> hosts;
+    for (const auto& key : keys) hosts.push_back(to_string(store_->get(key, timeout)));
+    place_by_host(hosts, topology_);
+  }
+
+  // Backend: explicit choice, else mpi under an MPI launcher, else shm on one
+  // host, else gloo.
+  std::string backend = requested;
+  if (backend == "auto") {
+    // An MPI launch: the environment carries OpenMPI's or PMI's rank variables,
+    // or (srun, kolorun delegating to mpirun) the MPI library recognises its
+    // launcher. torchrun-style and launcher-less processes are never MPI jobs.
+    bool mpi_launch = false;
+#if KOLO_HAVE_MPI
+    mpi_launch = topology_.source == "openmpi" || topology_.source == "pmi" ||
+                 ((topology_.source == "slurm" || topology_.source == "kolorun") &&
+                  detail::launched_by_mpi());
+#endif
+    if (mpi_launch) {
+      backend = "mpi";
+    } else if (topology_.size == 1 || (topology_.placement_known && topology_.cross_size == 1)) {
+      backend = "shm";
+    } else if (!topology_.placement_known) {
+      throw ContractError("kolo::init: " + std::to_string(topology_.size) + " ranks (from " +
+                          topology_.source + ") but no rendezvous store to find each other; " +
+                          store_hint());
+    } else {
+#if KOLO_HAVE_GLOO
+      backend = "gloo";
+#else
+      throw ContractError("kolo::init: the ranks span " + std::to_string(topology_.cross_size) +
+                          " hosts, which needs the gloo or mpi backend, and this build has "
+                          "neither gloo nor an MPI launch; start the job with mpirun or install "
+                          "libgloo-dev and rebuild");
+#endif
+    }
+  }
+  if (backend != "mpi" && topology_.size > 1 && !store_) {
+    throw ContractError("kolo::init: backend '" + backend + "' needs a rendezvous store for " +
+                        std::to_string(topology_.size) + " ranks (from " + topology_.source +
+                        "), but none was given; " + store_hint() +
+                        "; or start the job with mpirun and the mpi backend");
+  }
+  if (backend == "shm" && topology_.placement_known && topology_.cross_size > 1) {
+    throw ContractError("kolo::init: backend 'shm' needs every rank on one host, but the " +
+                        std::to_string(topology_.size) + " ranks span " +
+                        std::to_string(topology_.cross_size) +
+                        " hosts; use KOLO_BACKEND=gloo or mpi (or auto)");
+  }
+
+  CommunicatorOptions comm;
+  comm.rank = topology_.rank;
+  comm.size = topology_.size;
+  comm.store = store_;
+  comm.prefix = "world/0";
+  comm.timeout = timeout;
+  comm.check_args = config_.get_bool("KOLO_CHECK_ARGS");
+  world_ = make_communicator(backend, comm);
+  if (world_->rank() != topology_.rank || world_->size() != topology_.size) {
+    throw ContractError("kolo::init: backend '" + backend + "' reports rank " +
+                        std::to_string(world_->rank()) + " of " + std::to_string(world_->size()) +
+                        ", but the launcher (" + topology_.source + ") says rank " +
+                        std::to_string(topology_.rank) + " of " + std::to_string(topology_.size) +
+                        "; start the program with the launcher that matches the backend");
+  }
+
+  // Placement through the communicator (mpi without a store).
+  if (!topology_.placement_known) {
+    std::string mine = this_host_name(config_);
+    mine.resize(kHostNameBytes, '\0');
+    std::string all(kHostNameBytes * topology_.size, '\0');
+    world_->allgather(mine.data(), all.data(), kHostNameBytes, DType::kU8, CollectiveOptions{});
+    std::vector<std::string> hosts;
+    for (int r = 0; r < topology_.size; ++r) {
+      hosts.push_back(std::string(all.c_str() + r * kHostNameBytes));
+    }
+    place_by_host(hosts, topology_);
+  }
+  logger.info("initialised rank " + std::to_string(topology_.rank) + " of " +
+              std::to_string(topology_.size) + " (local " + std::to_string(topology_.local_rank) +
+              "/" + std::to_string(topology_.local_size) + ", host " +
+              std::to_string(topology_.cross_rank) + "/" + std::to_string(topology_.cross_size) +
+              ") from " + topology_.source + ", backend " + world_->backend() + ", job " +
+              topology_.job_id);
+}
+
+Runtime::Runtime(std::unique_ptr<Communicator> world, Config config)
+    : config_(std::move(config)), world_(std::move(world)) {
+  if (!world_) {
+    throw ContractError(
+        "kolo::Runtime: the world communicator is null; build one with "
+        "make_thread_communicators() or make_communicator()");
+  }
+  topology_.rank = world_->rank();
+  topology_.size = world_->size();
+  topology_.local_rank = topology_.rank;  // ranks as threads share this host
+  topology_.local_size = topology_.size;
+  topology_.cross_rank = 0;
+  topology_.cross_size = 1;
+  topology_.source = "threads";
+  topology_.job_id = "threads-" + std::to_string(getpid());
+  topology_.placement_known = true;
+}
+
+Runtime::~Runtime() {
+  const detail::Logger logger = detail::Logger::from_config(config_, topology_.rank);
+  try {
+    world_.reset();
+    if (store_ && topology_.size > 1) {
+      // Rank 0 serves the store under torchrun-style launch: it keeps serving
+      // until every rank has finished with it, or the grace time passes.
+      store_->set("done/" + std::to_string(topology_.rank), to_bytes("1"));
+      if (store_server_) {
+        std::vector<std::string> keys;
+        for (int r = 0; r < topology_.size; ++r) keys.push_back("done/" + std::to_string(r));
+        store_->wait(keys, std::min(kShutdownGrace,
+                                    milliseconds(static_cast<int64_t>(
+                                        config_.get_double("KOLO_TIMEOUT_SECONDS") * 1000.0))));
+      }
+    }
+  } catch (const std::exception& e) {
+    // A destructor must not throw; a peer that died is the usual reason.
+    logger.warning(std::string("shutdown: ") + e.what());
+  }
+  store_.reset();
+  store_server_.reset();
+}
+
+// ---- process-wide default runtime ----
+
+namespace {
+
+// The one piece of process state in kolo (runtime.h): the Horovod-style
+// default runtime behind kolo::init()/kolo::rank()...
+struct DefaultRuntime {
+  std::mutex mutex;
+  std::unique_ptr<Runtime> runtime;
+};
+
+DefaultRuntime& default_runtime() {
+  static DefaultRuntime instance;
+  return instance;
+}
+
+Runtime& initialised(const char* function) {
+  DefaultRuntime& d = default_runtime();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  if (!d.runtime) {
+    throw ContractError(std::string("kolo::") + function +
+                        "() called before kolo::init(); call kolo::init() first");
+  }
+  return *d.runtime;
+}
+
+}  // namespace
+
+void init(const InitOptions& options) {
+  DefaultRuntime& d = default_runtime();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  if (d.runtime) {
+    throw ContractError(
+        "kolo::init() called twice; call kolo::shutdown() before initialising again");
+  }
+  d.runtime = std::make_unique<Runtime>(options);
+}
+
+void shutdown() {
+  DefaultRuntime& d = default_runtime();
+  std::unique_ptr<Runtime> runtime;
+  {
+    std::lock_guard<std::mutex> lock(d.mutex);
+    runtime = std::move(d.runtime);
+  }
+  // Destroyed outside the lock: is_initialized() is already false.
+}
+
+bool is_initialized() {
+  DefaultRuntime& d = default_runtime();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  return d.runtime != nullptr;
+}
+
+Runtime& runtime() { return initialised("runtime"); }
+int rank() { return initialised("rank").topology().rank; }
+int size() { return initialised("size").topology().size; }
+int local_rank() { return initialised("local_rank").topology().local_rank; }
+int local_size() { return initialised("local_size").topology().local_size; }
+int cross_rank() { return initialised("cross_rank").topology().cross_rank; }
+int cross_size() { return initialised("cross_size").topology().cross_size; }
+
 }  // namespace kolo
