@@ -12,7 +12,7 @@ std::string shell_quote(const std::string& text) {
   bool safe = true;
   for (char c : text) {
     bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' ||
-              c == '/' || c == ':' || c == ',' || c == '+' || c == '@' || c == '%';
+              c == '/' || c == ':' || c == ',' || c == '+' || c == '@' || c == '%' || c == '=';
     if (!ok) {
       safe = false;
       break;

@@ -1,0 +1,178 @@
+// Job planning: checks before anything is spawned, and each worker's request
+// (launcher/job.h), plus the mpirun command of --backend mpi (mpi_launch.h).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "job.h"
+#include "mpi_launch.h"
+#include "options.h"
+#include "usage_error.h"
+
+namespace kolo::launcher {
+namespace {
+
+LaunchOptions options_for(const std::vector<std::string>& args) {
+  return parse_command_line(args).options;
+}
+
+PlanContext context() {
+  PlanContext c;
+  c.hostname = "me";
+  c.path = "/usr/bin:/bin";
+  c.compiled = {"shm", "gloo"};
+  return c;
+}
+
+std::string plan_error(const std::vector<std::string>& args) {
+  try {
+    plan_job(options_for(args), context());
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+ParentEnv no_env() {
+  return [](const std::string&) -> std::optional<std::string> { return std::nullopt; };
+}
+
+bool contains(const std::vector<std::string>& items, const std::string& item) {
+  return std::find(items.begin(), items.end(), item) != items.end();
+}
+
+TEST(LauncherJob, LocalPlanResolvesTheProgram) {
+  JobPlan plan = plan_job(options_for({"-np", "2", "sh", "-c", "true"}), context());
+  EXPECT_EQ(plan.placements.size(), 2u);
+  EXPECT_FALSE(plan.any_remote);
+  EXPECT_TRUE(plan.program_path == "/usr/bin/sh" || plan.program_path == "/bin/sh")
+      << plan.program_path;
+  EXPECT_EQ(plan.store_bind, "127.0.0.1");
+  EXPECT_EQ(plan.store_addr, "127.0.0.1");
+}
+
+TEST(LauncherJob, RemoteHostsBindTheStoreToEveryInterface) {
+  JobPlan plan = plan_job(options_for({"-H", "localhost:1,node2:2", "sh"}), context());
+  EXPECT_EQ(plan.placements.size(), 3u);
+  EXPECT_TRUE(plan.any_remote);
+  EXPECT_EQ(plan.store_bind, "0.0.0.0");
+  EXPECT_EQ(plan.store_addr, "me");
+  JobPlan chosen =
+      plan_job(options_for({"-H", "node2:2", "--store-addr", "10.1.1.1", "./x"}), context());
+  EXPECT_EQ(chosen.store_addr, "10.1.1.1");
+  EXPECT_TRUE(chosen.program_path.empty());  // not checked: no rank runs here
+}
+
+TEST(LauncherJob, ChecksBeforeSpawning) {
+  EXPECT_NE(
+      plan_error({"-np", "2", "no-such-program-kolo"}).find("is not an executable file in PATH"),
+      std::string::npos);
+  EXPECT_NE(plan_error({"-np", "2", "/etc/passwd"}).find("not an executable file"),
+            std::string::npos);
+  EXPECT_NE(plan_error({"-np", "2", "--backend", "mpi", "sh"}).find("has no mpi backend"),
+            std::string::npos);
+  EXPECT_NE(plan_error({"-H", "node2:2", "--backend", "shm", "sh"}).find("use --backend gloo"),
+            std::string::npos);
+  EXPECT_NE(plan_error({"-np", "3", "-H", "localhost:2", "sh"}).find("more than the 2 slots"),
+            std::string::npos);
+  EXPECT_NE(plan_error({"-H", "node2:1", "--ssh-command", "no-such-ssh", "sh"})
+                .find("--ssh-command 'no-such-ssh'"),
+            std::string::npos);
+}
+
+JobInfo sample_job() {
+  JobInfo job;
+  job.size = 3;
+  job.store_addr = "me";
+  job.store_port = 1234;
+  job.job_id = "job";
+  job.local_cores = 4;
+  return job;
+}
+
+TEST(LauncherJob, LocalRequestRunsTheProgramWithTheVariables) {
+  LaunchOptions options = options_for({"-np", "2", "-x", "EXTRA=1", "sh", "-c", "true"});
+  JobPlan plan = plan_job(options, context());
+  SpawnRequest request = worker_request(plan, options, plan.placements[1], sample_job(),
+                                        {"PATH=/bin", "KOLO_RANK=99"}, no_env(), "/work");
+  EXPECT_EQ(request.path, plan.program_path);
+  EXPECT_EQ(request.argv, (std::vector<std::string>{"sh", "-c", "true"}));
+  EXPECT_FALSE(request.stdin_pipe);
+  EXPECT_TRUE(contains(request.env, "PATH=/bin"));
+  EXPECT_TRUE(contains(request.env, "KOLO_RANK=1"));
+  EXPECT_FALSE(contains(request.env, "KOLO_RANK=99"));
+  EXPECT_TRUE(contains(request.env, "KOLO_LOCAL_SIZE=2"));
+  EXPECT_TRUE(contains(request.env, "OMP_NUM_THREADS=2"));  // 4 cores / 2 local workers
+  EXPECT_TRUE(contains(request.env, "EXTRA=1"));
+}
+
+TEST(LauncherJob, RemoteRequestGoesThroughSsh) {
+  LaunchOptions options =
+      options_for({"-H", "node1:1,node2:2", "--ssh-command", "sh", "./train", "a b"});
+  JobPlan plan = plan_job(options, context());
+  ASSERT_FALSE(plan.placements[2].local);
+  SpawnRequest request =
+      worker_request(plan, options, plan.placements[2], sample_job(),
+                     {"PATH=/usr/bin:/bin", "KOLO_LOG_LEVEL=info"}, no_env(), "/work dir");
+  ASSERT_EQ(request.argv.size(), 5u);
+  EXPECT_EQ(request.argv[0], "sh");
+  EXPECT_EQ(request.argv[3], "node2");
+  const std::string& script = request.argv[4];
+  EXPECT_EQ(script.rfind("cd '/work dir' && ", 0), 0u) << script;
+  for (const std::string fragment :
+       {"KOLO_RANK=2", "KOLO_LOCAL_RANK=1", "KOLO_LOCAL_SIZE=2", "KOLO_CROSS_RANK=1",
+        "KOLO_CROSS_SIZE=2", "KOLO_STORE_ADDR=me", "KOLO_STORE_PORT=1234", "KOLO_LOG_LEVEL=info",
+        "/ 2 ))", "./train 'a b' </dev/null"}) {
+    EXPECT_NE(script.find(fragment), std::string::npos) << fragment << " in " << script;
+  }
+  EXPECT_TRUE(request.stdin_pipe);
+}
+
+TEST(LauncherMpi, BuildsTheEquivalentMpirunCommand) {
+  LaunchOptions options =
+      options_for({"-np", "4", "--backend", "mpi", "--timeout", "30", "--tag-output",
+                   "--job-timeout", "9.5", "-x", "LD_LIBRARY_PATH", "./w", "arg"});
+  auto argv = mpirun_command(options, {}, "/usr/bin/mpirun", 2, {"KOLO_LOG_LEVEL=info"}, no_env());
+  EXPECT_EQ(argv, (std::vector<std::string>{"/usr/bin/mpirun",
+                                            "-np",
+                                            "4",
+                                            "--oversubscribe",
+                                            "--bind-to",
+                                            "none",
+                                            "--tag-output",
+                                            "--timeout",
+                                            "10",
+                                            "-x",
+                                            "KOLO_BACKEND=mpi",
+                                            "-x",
+                                            "KOLO_TIMEOUT_SECONDS=30",
+                                            "-x",
+                                            "OMP_NUM_THREADS=1",
+                                            "-x",
+                                            "OPENBLAS_NUM_THREADS=1",
+                                            "-x",
+                                            "MKL_NUM_THREADS=1",
+                                            "-x",
+                                            "KOLO_LOG_LEVEL",
+                                            "-x",
+                                            "LD_LIBRARY_PATH",
+                                            "./w",
+                                            "arg"}));
+}
+
+TEST(LauncherMpi, HostListsAndRefusals) {
+  LaunchOptions options = options_for({"-H", "a:2,b:2", "--backend", "mpi", "./w"});
+  auto argv = mpirun_command(options, {{"a", 2}, {"b", 2}}, "mpirun", 2, {}, no_env());
+  auto host = std::find(argv.begin(), argv.end(), "--host");
+  ASSERT_NE(host, argv.end());
+  EXPECT_EQ(*(host + 1), "a:2,b:2");
+  EXPECT_FALSE(contains(argv, "--oversubscribe"));
+  EXPECT_FALSE(contains(argv, "-np"));
+  EXPECT_FALSE(contains(argv, "OMP_NUM_THREADS=1"));  // remote cores are unknown here
+
+  LaunchOptions rank0 = options_for({"-np", "2", "--backend", "mpi", "--rank0-only", "./w"});
+  EXPECT_THROW(mpirun_command(rank0, {}, "mpirun", 2, {}, no_env()), UsageError);
+}
+
+}  // namespace
+}  // namespace kolo::launcher

@@ -1,0 +1,119 @@
+// kolorun's command-line parsing (launcher/options.h).
+#include <gtest/gtest.h>
+
+#include "options.h"
+#include "usage_error.h"
+
+namespace kolo::launcher {
+namespace {
+
+CommandLine parse(const std::vector<std::string>& args) { return parse_command_line(args); }
+
+// The UsageError message of parsing `args` ("" when it parses).
+std::string error_of(const std::vector<std::string>& args) {
+  try {
+    parse(args);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(LauncherOptions, ParsesTheIssueSynopsis) {
+  auto line = parse({"-np", "4", "-H", "a:2,b:2", "--backend", "gloo", "--timeout", "30",
+                     "--tag-output", "./train", "--epochs", "3"});
+  ASSERT_EQ(line.action, Action::kLaunch);
+  const auto& o = line.options;
+  EXPECT_EQ(o.np, 4);
+  EXPECT_EQ(o.hosts, "a:2,b:2");
+  EXPECT_EQ(o.backend, "gloo");
+  ASSERT_TRUE(o.timeout_seconds.has_value());
+  EXPECT_DOUBLE_EQ(*o.timeout_seconds, 30.0);
+  EXPECT_EQ(o.output, OutputMode::kTag);
+  EXPECT_EQ(o.program, "./train");
+  EXPECT_EQ(o.program_args, (std::vector<std::string>{"--epochs", "3"}));
+}
+
+TEST(LauncherOptions, EverythingAfterTheProgramIsPassedUntouched) {
+  // The program's own flags look like kolorun's: they must not be parsed.
+  auto o =
+      parse({"-np", "2", "prog", "-np", "7", "-H", "x", "--backend", "bad", "--", "-v"}).options;
+  EXPECT_EQ(o.np, 2);
+  EXPECT_TRUE(o.hosts.empty());
+  EXPECT_EQ(o.program, "prog");
+  EXPECT_EQ(o.program_args,
+            (std::vector<std::string>{"-np", "7", "-H", "x", "--backend", "bad", "--", "-v"}));
+}
+
+TEST(LauncherOptions, FlagsDoNotSwallowTheProgram) {
+  auto o = parse({"--rank0-only", "-np", "2", "sh", "-c", "echo hi"}).options;
+  EXPECT_EQ(o.output, OutputMode::kRank0Only);
+  EXPECT_EQ(o.program, "sh");
+  EXPECT_EQ(o.program_args, (std::vector<std::string>{"-c", "echo hi"}));
+}
+
+TEST(LauncherOptions, AcceptsOtherSpellings) {
+  auto o = parse({"-n", "3", "--hosts=localhost:3", "--backend=shm", "prog"}).options;
+  EXPECT_EQ(o.np, 3);
+  EXPECT_EQ(o.hosts, "localhost:3");
+  EXPECT_EQ(o.backend, "shm");
+  EXPECT_EQ(parse({"--np=5", "prog"}).options.np, 5);
+  EXPECT_EQ(parse({"-np", "2", "--", "-weird-program-name"}).options.program,
+            "-weird-program-name");
+  EXPECT_TRUE(parse({"-np", "2", "--backend", "auto", "prog"}).options.backend.empty());
+}
+
+TEST(LauncherOptions, NpMayBeLeftOutWithAHostList) {
+  auto o = parse({"-H", "localhost:2", "prog"}).options;
+  EXPECT_FALSE(o.np.has_value());
+}
+
+TEST(LauncherOptions, ForwardedVariablesAndTimeouts) {
+  auto o = parse({"-np", "1", "-x", "A", "-x", "B=2", "--job-timeout", "1.5", "--grace", "0",
+                  "--output-dir", "/tmp/logs", "prog"})
+               .options;
+  EXPECT_EQ(o.forward_env, (std::vector<std::string>{"A", "B=2"}));
+  EXPECT_DOUBLE_EQ(*o.job_timeout_seconds, 1.5);
+  EXPECT_DOUBLE_EQ(o.grace_seconds, 0.0);
+  EXPECT_EQ(o.output_dir, "/tmp/logs");
+}
+
+TEST(LauncherOptions, ActionsNeedNoProgram) {
+  EXPECT_EQ(parse({"--check-build"}).action, Action::kCheckBuild);
+  EXPECT_EQ(parse({"--print-env-docs"}).action, Action::kPrintEnvDocs);
+  EXPECT_EQ(parse({"--version"}).action, Action::kVersion);
+  auto help = parse({"--help"});
+  EXPECT_EQ(help.action, Action::kHelp);
+  EXPECT_NE(help.help_text.find("--rank0-only"), std::string::npos);
+}
+
+TEST(LauncherOptions, BadArgumentsGiveOneLineNamingTheArgument) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;  // a fragment of the message
+  };
+  const std::vector<Case> cases = {
+      {{"-np", "0", "prog"}, "-np 0: the number of workers must be at least 1"},
+      {{"-np", "-3", "prog"}, "-np -3"},
+      {{"-np", "two", "prog"}, "-np 'two': expected a whole number"},
+      {{"prog"}, "-np is missing"},
+      {{"-np", "2"}, "no program given"},
+      {{"-np", "2", "--backend", "nccl", "prog"}, "--backend 'nccl' is not a backend"},
+      {{"-np", "2", "--timeout", "0", "prog"}, "--timeout '0'"},
+      {{"-np", "2", "--timeout", "soon", "prog"}, "--timeout 'soon'"},
+      {{"-np", "2", "--job-timeout", "-1", "prog"}, "--job-timeout '-1'"},
+      {{"-np", "2", "--tag-output", "--rank0-only", "prog"}, "excludes"},
+      {{"-np", "2", "--frobnicate", "prog"}, "--frobnicate"},
+      {{"-np", "2", "-x", "=v", "prog"}, "-x '=v'"},
+      {{"-np"}, "np"},
+  };
+  for (const auto& c : cases) {
+    std::string message = error_of(c.args);
+    EXPECT_NE(message.find(c.expected), std::string::npos)
+        << "args[0]=" << c.args[0] << " message: " << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+}
+
+}  // namespace
+}  // namespace kolo::launcher
