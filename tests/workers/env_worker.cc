@@ -3,8 +3,8 @@
 //   env_worker [--sleep-ms D] [--partial] [args...]
 //
 // Prints "pid=<pid>", then NAME=VALUE for each KOLO_* and thread variable it was
-// given (and FAKE_SSH_HOST under fake_ssh), then "args=<arg>|<arg>|..." and "stderr line from
-// <rank>" on stderr.
+// given (and FAKE_SSH_HOST under fake_ssh, and EXTRA_* test variables), then "args=<arg>|<arg>|..."
+// and "stderr line from <rank>" on stderr.
 // --partial ends stdout with a line that has no newline. Exits 0 after D ms.
 #include <unistd.h>
 
@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
     std::string e = *entry;
     if (e.rfind("KOLO_", 0) == 0 || e.rfind("OMP_NUM_THREADS=", 0) == 0 ||
         e.rfind("OPENBLAS_NUM_THREADS=", 0) == 0 || e.rfind("MKL_NUM_THREADS=", 0) == 0 ||
-        e.rfind("FAKE_SSH_HOST=", 0) == 0) {
+        e.rfind("FAKE_SSH_HOST=", 0) == 0 || e.rfind("EXTRA_", 0) == 0) {
       std::printf("%s\n", e.c_str());
     }
   }

@@ -1,0 +1,203 @@
+// Test harness for kolorun (kolorun_harness.h).
+#include "kolorun_harness.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+extern char** environ;
+
+namespace kolo::testing {
+
+std::string kolorun_path() { return std::string(KOLO_BINARY_DIR) + "/launcher/kolorun"; }
+
+std::string worker_path(const std::string& name) {
+  return std::string(KOLO_BINARY_DIR) + "/tests/" + name;
+}
+
+std::vector<std::string> RunResult::err_lines() const {
+  std::vector<std::string> lines;
+  std::istringstream in(err);
+  std::string line;
+  while (std::getline(in, line)) lines.push_back(line);
+  return lines;
+}
+
+KolorunProcess::KolorunProcess(const std::vector<std::string>& args,
+                               const std::vector<std::string>& extra_env) {
+  std::vector<std::string> env;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    std::string e = *entry;
+    std::string name = e.substr(0, e.find('='));
+    bool replaced = false;
+    for (const auto& extra : extra_env)
+      replaced = replaced || extra.substr(0, extra.find('=')) == name;
+    if (!replaced) env.push_back(e);
+  }
+  for (const auto& extra : extra_env) {
+    if (extra.find('=') != std::string::npos) env.push_back(extra);
+  }
+  std::vector<std::string> argv = {kolorun_path()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> argv_p, env_p;
+  for (auto& a : argv) argv_p.push_back(a.data());
+  argv_p.push_back(nullptr);
+  for (auto& e : env) env_p.push_back(e.data());
+  env_p.push_back(nullptr);
+
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) std::abort();
+  pid_ = fork();
+  if (pid_ == 0) {
+    dup2(out[1], 1);
+    dup2(err[1], 2);
+    execve(argv_p[0], argv_p.data(), env_p.data());
+    _exit(127);
+  }
+  close(out[1]);
+  close(err[1]);
+  out_fd_ = out[0];
+  err_fd_ = err[0];
+}
+
+KolorunProcess::~KolorunProcess() {
+  if (!reaped_ && pid_ > 0) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  if (out_fd_ >= 0) close(out_fd_);
+  if (err_fd_ >= 0) close(err_fd_);
+}
+
+void KolorunProcess::pump(std::chrono::milliseconds max_wait) {
+  std::vector<pollfd> fds;
+  if (out_fd_ >= 0) fds.push_back({out_fd_, POLLIN, 0});
+  if (err_fd_ >= 0) fds.push_back({err_fd_, POLLIN, 0});
+  if (fds.empty()) {
+    std::this_thread::sleep_for(std::min(max_wait, std::chrono::milliseconds(5)));
+    return;
+  }
+  if (poll(fds.data(), fds.size(), static_cast<int>(max_wait.count())) <= 0) return;
+  for (const auto& p : fds) {
+    if (p.revents == 0) continue;
+    char buffer[65536];
+    ssize_t n = read(p.fd, buffer, sizeof(buffer));
+    bool is_out = p.fd == out_fd_;
+    if (n > 0) {
+      (is_out ? result_.out : result_.err).append(buffer, static_cast<size_t>(n));
+    } else if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN)) {
+      close(p.fd);
+      (is_out ? out_fd_ : err_fd_) = -1;
+    }
+  }
+}
+
+bool KolorunProcess::try_reap() {
+  if (reaped_) return true;
+  int status = 0;
+  if (waitpid(pid_, &status, WNOHANG) != pid_) return false;
+  reaped_ = true;
+  if (WIFEXITED(status)) result_.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) result_.term_signal = WTERMSIG(status);
+  return true;
+}
+
+bool KolorunProcess::wait_for_stdout(const std::function<bool(const std::string&)>& done,
+                                     std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!done(result_.out)) {
+    auto now = std::chrono::steady_clock::now();
+    if (now >= deadline || (out_fd_ < 0 && try_reap())) return done(result_.out);
+    pump(std::min(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now),
+                  std::chrono::milliseconds(50)));
+  }
+  return true;
+}
+
+RunResult KolorunProcess::wait(std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!(try_reap() && out_fd_ < 0 && err_fd_ < 0)) {
+    auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      result_.timed_out = true;
+      if (!reaped_) {
+        kill(pid_, SIGKILL);
+        int status = 0;
+        waitpid(pid_, &status, 0);
+        reaped_ = true;
+        result_.term_signal = SIGKILL;
+      }
+      break;
+    }
+    pump(std::min(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now),
+                  std::chrono::milliseconds(20)));
+  }
+  return result_;
+}
+
+RunResult run_kolorun(const std::vector<std::string>& args, std::chrono::milliseconds timeout,
+                      const std::vector<std::string>& extra_env) {
+  KolorunProcess process(args, extra_env);
+  return process.wait(timeout);
+}
+
+bool process_gone(pid_t pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  size_t paren = text.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= text.size()) return true;
+  return text[paren + 2] == 'Z';
+}
+
+bool wait_gone(pid_t pid, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!process_gone(pid)) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+std::vector<int> int_values(const std::string& output, const std::string& key) {
+  std::vector<int> values;
+  size_t at = 0;
+  const std::string needle = key + "=";
+  while ((at = output.find(needle, at)) != std::string::npos) {
+    bool word_start =
+        at == 0 || output[at - 1] == ' ' || output[at - 1] == '\n' || output[at - 1] == ':';
+    at += needle.size();
+    if (word_start) values.push_back(std::atoi(output.c_str() + at));
+  }
+  return values;
+}
+
+std::vector<std::string> tagged_lines(const std::string& output, int rank,
+                                      const std::string& stream) {
+  const std::string tag = "[1," + std::to_string(rank) + "]<" + stream + ">:";
+  std::vector<std::string> lines;
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(tag, 0) == 0) lines.push_back(line.substr(tag.size()));
+  }
+  return lines;
+}
+
+int usable_cores_here() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return 1;
+}
+
+}  // namespace kolo::testing
