@@ -340,7 +340,14 @@ void TcpStoreServer::Impl::run() {
 void TcpStoreServer::Impl::accept_all() {
   for (;;) {
     int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;  // EAGAIN, or a client that gave up before we accepted it
+    if (fd < 0) {
+      // Out of descriptors: the listening socket stays readable, so back off
+      // instead of spinning. Otherwise EAGAIN, or a client that gave up.
+      if (errno == EMFILE || errno == ENFILE) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      return;
+    }
     set_nodelay(fd);
     connections[fd].fd = fd;
   }
@@ -358,8 +365,8 @@ bool TcpStoreServer::Impl::handle_input(Connection& c, bool& ok) {
     Reader r(c.in.data() + 4, body_bytes);
     try {
       changed |= handle_request(c, r);
-    } catch (const ProtocolError&) {
-      ok = false;
+    } catch (const std::exception&) {
+      ok = false;  // malformed request (ProtocolError) or out of memory: drop this client
     }
     c.in.erase(0, 4 + size_t(body_bytes));
   }
