@@ -131,13 +131,14 @@ Runtime::Runtime(const InitOptions& options) {
   std::string backend = requested;
   if (backend == "auto") {
     // An MPI launch: the environment carries OpenMPI's or PMI's rank variables,
-    // or (srun, kolorun delegating to mpirun) the MPI library recognises its
-    // launcher. torchrun-style and launcher-less processes are never MPI jobs.
+    // or srun started the job and the MPI library recognises it. kolorun's own
+    // workers are not MPI processes (`kolorun --backend mpi` runs mpirun, whose
+    // workers show OpenMPI's variables and get KOLO_BACKEND=mpi); torchrun-style
+    // and launcher-less processes are never MPI jobs.
     bool mpi_launch = false;
 #if KOLO_HAVE_MPI
     mpi_launch = topology_.source == "openmpi" || topology_.source == "pmi" ||
-                 ((topology_.source == "slurm" || topology_.source == "kolorun") &&
-                  detail::launched_by_mpi());
+                 (topology_.source == "slurm" && detail::launched_by_mpi());
 #endif
     if (mpi_launch) {
       backend = "mpi";
