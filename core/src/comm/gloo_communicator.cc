@@ -30,6 +30,8 @@
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <arpa/inet.h>
@@ -39,6 +41,8 @@
 #include <cstring>
 #include <optional>
 #include <sstream>
+#include <cctype>
+#include <mutex>
 #include <thread>
 
 #include "comm/backends.h"
@@ -68,10 +72,48 @@ constexpr size_t kTreeBroadcastBytes = 64 * 1024;
 // Allreduces up to this size (per rank) gather every input in one exchange and
 // reduce locally: one message latency instead of 2(n-1) ring steps.
 constexpr size_t kDirectReduceBytes = 64 * 1024;
+// Bound on sending the goodbyes when a communicator is destroyed.
+constexpr milliseconds kGoodbyeTimeout{1000};
 // How long a rank that saw a peer close waits for that peer's fault report.
 constexpr milliseconds kReportWait{500};
 
 size_t mod(long long value, int n) { return static_cast<size_t>(((value % n) + n) % n); }
+
+// gloo writes to its sockets with writev(), so a write to a peer that died
+// raises SIGPIPE, whose default action kills the process. The guard blocks
+// SIGPIPE in the calling thread while gloo runs in it (the failed write then
+// returns EPIPE, which gloo reports as an error) and discards a SIGPIPE raised
+// meanwhile. gloo's event-loop thread inherits the blocked mask because the
+// device (which starts it) is created under a guard.
+class SigpipeGuard {
+ public:
+  SigpipeGuard() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_mask_);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+  }
+  ~SigpipeGuard() {
+    if (!was_pending_) {
+      sigset_t pending;
+      sigpending(&pending);
+      if (sigismember(&pending, SIGPIPE) == 1) {
+        const timespec no_wait{0, 0};
+        sigtimedwait(&pipe_, nullptr, &no_wait);
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
+  }
+  SigpipeGuard(const SigpipeGuard&) = delete;
+  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
+
+ private:
+  sigset_t pipe_;
+  sigset_t old_mask_;
+  bool was_pending_ = false;
+};
 
 class Deadline {
  public:
@@ -98,13 +140,167 @@ struct PeerError {
   std::string detail;
 };
 
+// gloo's messages start with "[file:line] "; users need only the rest.
+std::string without_location(const std::string& text) {
+  if (text.empty() || text[0] != '[') return text;
+  const size_t end = text.find("] ");
+  return end == std::string::npos ? text : text.substr(end + 2);
+}
+
+// Watches every pair of the mesh and aborts the caller's wait when one fails.
+//
+// gloo signals a dead connection only to operations still queued on the
+// pair; a send or receive already in progress when the peer dies (the common
+// case for large messages) would wait for its full timeout. So each rank keeps
+// one "sentinel" receive posted on every pair, on a slot the algorithms never
+// use: gloo reliably fails it when the pair breaks, which wakes this monitor's
+// thread; it records which peer broke (from the address in gloo's message) and
+// aborts whatever wait the calling thread is in.
+//
+// A rank destroying its communicator first sends one byte on the sentinel slot
+// to every peer ("goodbye"): that completes the peer's sentinel receive
+// instead of failing it, so the connection closing afterwards is not taken for
+// a crash (the peer's last collective may still be finishing with other ranks;
+// everything it needed from the departed rank arrived before the goodbye).
+class PeerMonitor {
+ public:
+  static constexpr uint64_t kSentinelSlot = ~uint64_t{0};  // algorithms use (seq << 8) | phase
+
+  // `addresses` maps the peer address gloo prints in its errors to the rank.
+  PeerMonitor(gloo::Context& context, std::vector<std::pair<std::string, int>> addresses)
+      : addresses_(std::move(addresses)) {
+    sentinel_ = context.createUnboundBuffer(&sentinel_byte_, 1);
+    for (int peer = 0; peer < context.size; ++peer) {
+      if (peer != context.rank) sentinel_->recv(peer, kSentinelSlot, 0, 1);
+    }
+    thread_ = std::thread([this] { run(); });
+  }
+
+  ~PeerMonitor() {
+    sentinel_->abortWaitRecv();
+    thread_.join();
+  }
+
+  PeerMonitor(const PeerMonitor&) = delete;
+  PeerMonitor& operator=(const PeerMonitor&) = delete;
+
+  // Brackets one blocking wait of the calling thread on `buffer` for `peer`.
+  // Throws at once if a pair has already failed.
+  void begin_wait(gloo::transport::UnboundBuffer* buffer, bool recv, int peer) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (broken_) throw PeerError{peer, false, reason(peer)};
+    waiting_ = buffer;
+    waiting_recv_ = recv;
+  }
+  void end_wait() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    waiting_ = nullptr;
+  }
+
+  // Why a wait on `peer` was aborted.
+  std::string why_aborted(int peer) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return reason(peer);
+  }
+
+  // True once `peer` destroyed its communicator in order.
+  bool has_departed(int peer) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return departed(peer);
+  }
+
+  // The peer whose connection failed first, -1 if none (or not identified).
+  int broken_peer() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return broken_peer_;
+  }
+  // gloo's description of that failure ("" if none).
+  std::string detail() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return detail_;
+  }
+
+ private:
+  // gloo turns the wait into a timeout that closes every pair; never reached.
+  static constexpr milliseconds kForever{std::chrono::hours(24 * 365)};
+
+  void run() {
+    while (true) {
+      int from = -1;
+      std::string failure;
+      try {
+        if (!sentinel_->waitRecv(&from, kForever)) return;  // aborted: shutting down
+      } catch (const std::exception& error) {
+        failure = without_location(error.what());
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (failure.empty()) {
+        departed_.push_back(from);  // goodbye
+        continue;
+      }
+      broken_ = true;
+      detail_ = failure;
+      broken_peer_ = peer_in(failure);
+      if (waiting_ != nullptr) abort_wait();
+      return;
+    }
+  }
+
+  void abort_wait() {
+    if (waiting_recv_) {
+      waiting_->abortWaitRecv();
+    } else {
+      waiting_->abortWaitSend();
+    }
+  }
+
+  bool departed(int peer) const {
+    return std::find(departed_.begin(), departed_.end(), peer) != departed_.end();
+  }
+
+  std::string reason(int /*peer*/) const {
+    return detail_.empty() ? "a connection of this rank failed" : detail_;
+  }
+
+  int peer_in(const std::string& text) const {
+    for (const auto& [address, rank] : addresses_) {
+      for (size_t at = text.find(address); at != std::string::npos;
+           at = text.find(address, at + 1)) {
+        const size_t end = at + address.size();
+        if (end == text.size() || !std::isdigit(static_cast<unsigned char>(text[end]))) {
+          return rank;
+        }
+      }
+    }
+    return -1;
+  }
+
+  std::vector<std::pair<std::string, int>> addresses_;
+  uint8_t sentinel_byte_ = 0;
+  std::unique_ptr<gloo::transport::UnboundBuffer> sentinel_;
+  std::thread thread_;
+  mutable std::mutex mutex_;
+  gloo::transport::UnboundBuffer* waiting_ = nullptr;
+  bool waiting_recv_ = false;
+  std::vector<int> departed_;
+  bool broken_ = false;
+  int broken_peer_ = -1;
+  std::string detail_;
+};
+
+// What a channel needs from its communicator.
+struct Link {
+  gloo::Context& context;
+  PeerMonitor& monitor;
+};
+
 // One direction of traffic with one peer over one memory region. Separate
 // channels per peer are what let a failed wait name the peer.
 class Channel {
  public:
-  Channel(gloo::Context& context, int peer, void* base, size_t bytes, uint64_t slot)
-      : peer_(peer), slot_(slot) {
-    if (bytes > 0) buffer_ = context.createUnboundBuffer(base, bytes);
+  Channel(Link link, int peer, void* base, size_t bytes, uint64_t slot)
+      : monitor_(&link.monitor), peer_(peer), slot_(slot) {
+    if (bytes > 0) buffer_ = link.context.createUnboundBuffer(base, bytes);
   }
   Channel(Channel&&) = default;
 
@@ -124,12 +320,12 @@ class Channel {
   // Waits for the oldest pending receive (completions arrive in post order).
   void wait_recv(const Deadline& deadline) {
     if (recvs_pending_ == 0) return;
-    wait(deadline, [&](milliseconds left) { return buffer_->waitRecv(nullptr, left); });
+    wait(deadline, true, [&](milliseconds left) { return buffer_->waitRecv(nullptr, left); });
     --recvs_pending_;
   }
   void wait_send(const Deadline& deadline) {
     if (sends_pending_ == 0) return;
-    wait(deadline, [&](milliseconds left) { return buffer_->waitSend(nullptr, left); });
+    wait(deadline, false, [&](milliseconds left) { return buffer_->waitSend(nullptr, left); });
     --sends_pending_;
   }
   void drain(const Deadline& deadline) {
@@ -148,19 +344,23 @@ class Channel {
   }
 
   template <typename F>
-  void wait(const Deadline& deadline, F&& call) {
+  void wait(const Deadline& deadline, bool recv, F&& call) {
     const milliseconds left = deadline.remaining();
     if (left.count() <= 0) throw PeerError{peer_, true, "deadline passed"};
+    monitor_->begin_wait(buffer_.get(), recv, peer_);
     bool completed = false;
     try {
       completed = call(left);
     } catch (const std::exception& error) {
+      monitor_->end_wait();
       // gloo reports its own timeout as an IoException too; the clock decides.
       throw PeerError{peer_, deadline.passed(), error.what()};
     }
-    if (!completed) throw PeerError{peer_, false, "transfer aborted"};
+    monitor_->end_wait();
+    if (!completed) throw PeerError{peer_, false, monitor_->why_aborted(peer_)};
   }
 
+  PeerMonitor* monitor_;
   int peer_;
   uint64_t slot_;
   std::unique_ptr<gloo::transport::UnboundBuffer> buffer_;
@@ -342,11 +542,16 @@ class GlooCommunicator : public Communicator {
         prefix_(options.prefix + "/gloo/"),
         default_timeout_(options.timeout),
         check_args_(options.check_args) {
-    if (size_ > 1) connect();
+    if (size_ > 1) {
+      SigpipeGuard guard;
+      connect();
+    }
   }
 
   ~GlooCommunicator() override {
     try {
+      if (monitor_ && fault_.empty()) say_goodbye();
+      monitor_.reset();
       context_.reset();
       device_.reset();
     } catch (...) {
@@ -502,9 +707,9 @@ class GlooCommunicator : public Communicator {
       uint8_t token_in = 0;
       int round = 0;
       for (int distance = 1; distance < size_; distance <<= 1, ++round) {
-        Channel to(*context_, static_cast<int>(mod(rank_ + distance, size_)), &token_out, 1,
+        Channel to(link(), static_cast<int>(mod(rank_ + distance, size_)), &token_out, 1,
                    slot(seq, 4 + round));
-        Channel from(*context_, static_cast<int>(mod(rank_ - distance, size_)), &token_in, 1,
+        Channel from(link(), static_cast<int>(mod(rank_ - distance, size_)), &token_in, 1,
                      slot(seq, 4 + round));
         from.post_recv(0, 1);
         to.post_send(0, 1);
@@ -583,6 +788,56 @@ class GlooCommunicator : public Communicator {
                          std::to_string(rank_) + " to its peers on " + where +
                          " failed: " + error.what());
     }
+    start_monitor();
+  }
+
+  // Publishes this rank's end of every pair, as gloo prints it in errors seen
+  // by the peer, and starts the monitor with the peers' ends.
+  void start_monitor() {
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      store_->set(address_key(rank_, peer), to_bytes(context_->getPair(peer)->address().str()));
+    }
+    std::vector<std::pair<std::string, int>> addresses;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      addresses.emplace_back(to_string(store_->get(address_key(peer, rank_), default_timeout_)),
+                             peer);
+    }
+    monitor_ = std::make_unique<PeerMonitor>(*context_, std::move(addresses));
+  }
+
+  std::string address_key(int owner, int peer) const {
+    return prefix_ + "addr/" + std::to_string(owner) + "/" + std::to_string(peer);
+  }
+
+  Link link() { return Link{*context_, *monitor_}; }
+
+  // Tells every peer this rank leaves in order (see PeerMonitor). Bounded:
+  // a peer that is gone or stuck must not hold up the destructor.
+  void say_goodbye() {
+    SigpipeGuard guard;
+    uint8_t byte = 0;
+    auto buffer = context_->createUnboundBuffer(&byte, 1);
+    int posted = 0;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      try {
+        buffer->send(peer, PeerMonitor::kSentinelSlot, 0, 1);
+        ++posted;
+      } catch (const std::exception&) {
+        // Connection already gone.
+      }
+    }
+    const Deadline deadline(std::min(default_timeout_, kGoodbyeTimeout));
+    try {
+      for (int i = 0; i < posted; ++i) {
+        const milliseconds left = deadline.remaining();
+        if (left.count() <= 0 || !buffer->waitSend(nullptr, left)) break;
+      }
+    } catch (const std::exception&) {
+      // Closing anyway.
+    }
   }
 
   // ---- Calls -------------------------------------------------------------------
@@ -620,6 +875,7 @@ class GlooCommunicator : public Communicator {
     const uint64_t sequence = sequence_++;
     sig.sequence = sequence;
     const Deadline deadline(timeout.count() > 0 ? timeout : default_timeout_);
+    SigpipeGuard guard;
     try {
       if (check_args_ && size_ > 1) {
         std::vector<CallSignature> all(size_);
@@ -636,23 +892,32 @@ class GlooCommunicator : public Communicator {
                                  const Deadline& deadline) {
     std::string message = std::string("kolo gloo ") + op + " (rank " + std::to_string(rank_) +
                           " of " + std::to_string(size_) + "): ";
+    // The monitor knows which connection broke; the waited-on peer may be fine.
+    const int suspect = error.timed_out || monitor_->broken_peer() < 0
+                            ? error.peer
+                            : monitor_->broken_peer();
     FaultReport cause;
     cause.timed_out = error.timed_out;
-    cause.ranks = {error.peer};
+    cause.ranks = {suspect};
     if (error.timed_out) {
-      message += "timed out after " + std::to_string(deadline.timeout().count()) +
-                 " ms waiting for rank " + std::to_string(error.peer);
-    } else if (auto relayed = read_report(error.peer)) {
+      cause.text = "rank " + std::to_string(rank_) + " timed out after " +
+                   std::to_string(deadline.timeout().count()) + " ms waiting for rank " +
+                   std::to_string(suspect);
+      if (monitor_->has_departed(suspect)) {
+        cause.text += ", which had destroyed its communicator (it did not make this call)";
+      }
+    } else if (auto relayed = read_report(suspect)) {
       // The peer gave up first and closed its connections; blame what it blamed.
-      cause.timed_out = relayed->timed_out;
-      cause.ranks = relayed->ranks;
-      message += "rank " + std::to_string(error.peer) + " abandoned the collective: " +
-                 relayed->text;
+      cause = *relayed;
+      if (cause.ranks.empty()) cause.ranks = {suspect};
+      cause.text += " (reported by rank " + std::to_string(suspect) + ")";
     } else {
-      message += "lost rank " + std::to_string(error.peer) + " (" + error.detail + ")";
+      const std::string monitored = monitor_->detail();
+      const std::string detail = without_location(monitored.empty() ? error.detail : monitored);
+      cause.text = "lost rank " + std::to_string(suspect) + " (" + detail + ")";
     }
+    message += cause.text;
     message += "; the communicator is unusable, rebuild it from the surviving ranks";
-    cause.text = message;
 
     // Report first, then close: a peer that sees the close finds the report.
     try {
@@ -700,12 +965,12 @@ class GlooCommunicator : public Communicator {
     channels.reserve(2 * size_);
     for (int step = 1; step < size_; ++step) {
       const int from = static_cast<int>(mod(rank_ - step, size_));
-      channels.emplace_back(*context_, from, result + from * bytes, bytes, slot);
+      channels.emplace_back(link(), from, result + from * bytes, bytes, slot);
       channels.back().post_recv(0, bytes);
     }
     for (int step = 1; step < size_; ++step) {
       const int to = static_cast<int>(mod(rank_ + step, size_));
-      channels.emplace_back(*context_, to, result + rank_ * bytes, bytes, slot);
+      channels.emplace_back(link(), to, result + rank_ * bytes, bytes, slot);
       channels.back().post_send(0, bytes);
     }
     for (auto& channel : channels) channel.drain(deadline);
@@ -768,8 +1033,8 @@ class GlooCommunicator : public Communicator {
     const size_t seg = segment_bytes(element_bytes);
     uint8_t* inbox = inbox_.get(kRecvWindow * seg);
 
-    Channel to_right(*context_, right, work, blocks.total * element_bytes, slot);
-    Channel from_left(*context_, left, inbox, kRecvWindow * seg, slot);
+    Channel to_right(link(), right, work, blocks.total * element_bytes, slot);
+    Channel from_left(link(), left, inbox, kRecvWindow * seg, slot);
     for (const Segment& s : first_sends) to_right.post_send(s.offset_bytes, s.bytes);
     for (size_t i = 0; i < std::min(kRecvWindow, recvs.size()); ++i) {
       from_left.post_recv(i * seg, recvs[i].bytes);
@@ -804,8 +1069,8 @@ class GlooCommunicator : public Communicator {
       append_segments(recvs, blocks, mod(rank_ - step - 1, size_), element_bytes, step);
     }
     const size_t total_bytes = blocks.total * element_bytes;
-    Channel to_right(*context_, right, buffer, total_bytes, slot);
-    Channel from_left(*context_, left, buffer, total_bytes, slot);
+    Channel to_right(link(), right, buffer, total_bytes, slot);
+    Channel from_left(link(), left, buffer, total_bytes, slot);
     for (const Segment& s : recvs) from_left.post_recv(s.offset_bytes, s.bytes);
     for (const Segment& s : first_sends) to_right.post_send(s.offset_bytes, s.bytes);
     for (const Segment& s : recvs) {
@@ -822,7 +1087,7 @@ class GlooCommunicator : public Communicator {
     size_t mask = 1;
     while (mask < static_cast<size_t>(size_)) {
       if ((vrank & mask) != 0) {
-        Channel parent(*context_, static_cast<int>(mod(vrank - mask + root, size_)), buffer,
+        Channel parent(link(), static_cast<int>(mod(vrank - mask + root, size_)), buffer,
                        bytes, slot);
         parent.post_recv(0, bytes);
         parent.drain(deadline);
@@ -833,7 +1098,7 @@ class GlooCommunicator : public Communicator {
     std::vector<Channel> children;
     for (mask >>= 1; mask > 0; mask >>= 1) {
       if (vrank + mask < static_cast<size_t>(size_)) {
-        children.emplace_back(*context_, static_cast<int>(mod(vrank + mask + root, size_)),
+        children.emplace_back(link(), static_cast<int>(mod(vrank + mask + root, size_)),
                               buffer, bytes, slot);
         children.back().post_send(0, bytes);
       }
@@ -849,9 +1114,9 @@ class GlooCommunicator : public Communicator {
     const bool has_next = vrank + 1 < static_cast<size_t>(size_);
     std::optional<Channel> from_prev;
     std::optional<Channel> to_next;
-    if (vrank > 0) from_prev.emplace(*context_, static_cast<int>(mod(rank_ - 1, size_)), buffer,
+    if (vrank > 0) from_prev.emplace(link(), static_cast<int>(mod(rank_ - 1, size_)), buffer,
                                      bytes, slot);
-    if (has_next) to_next.emplace(*context_, static_cast<int>(mod(rank_ + 1, size_)), buffer,
+    if (has_next) to_next.emplace(link(), static_cast<int>(mod(rank_ + 1, size_)), buffer,
                                   bytes, slot);
     const size_t seg = kSegmentBytes;
     for (size_t at = 0; at < bytes; at += seg) {
@@ -895,14 +1160,14 @@ class GlooCommunicator : public Communicator {
     channels.reserve(2 * size_);
     for (int step = 1; step < size_; ++step) {
       const int from = static_cast<int>(mod(rank_ - step, size_));
-      channels.emplace_back(*context_, from, result + recvs.offset[from] * element_bytes,
+      channels.emplace_back(link(), from, result + recvs.offset[from] * element_bytes,
                             recv_counts[from] * element_bytes, slot);
       channels.back().post_recv(0, recv_counts[from] * element_bytes);
     }
     for (int step = 1; step < size_; ++step) {
       const int to = static_cast<int>(mod(rank_ + step, size_));
       // gloo's buffer is not written through a send; the cast only fits its API.
-      channels.emplace_back(*context_, to,
+      channels.emplace_back(link(), to,
                             const_cast<uint8_t*>(source + sends.offset[to] * element_bytes),
                             send_counts[to] * element_bytes, slot);
       channels.back().post_send(0, send_counts[to] * element_bytes);
@@ -918,6 +1183,7 @@ class GlooCommunicator : public Communicator {
   const bool check_args_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
+  std::unique_ptr<PeerMonitor> monitor_;
   uint64_t sequence_ = 0;
   Scratch work_;           // staged reductions, reducescatter input copy
   Scratch inbox_;          // reduce-scatter receive window
