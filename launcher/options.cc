@@ -84,6 +84,15 @@ std::pair<std::vector<std::string>, std::vector<std::string>> split_program(
   return {own, std::vector<std::string>(args.begin() + static_cast<long>(i), args.end())};
 }
 
+// Prints kolorun's synopsis instead of CLI11's generic "Usage: kolorun [OPTIONS]".
+class SynopsisFormatter : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App*, std::string) const override {
+    return "\nUsage: kolorun -np N [-H host1:slots,host2:slots] [--backend shm|gloo|mpi]\n"
+           "               [--timeout SECONDS] [--tag-output|--rank0-only] program args...\n";
+  }
+};
+
 }  // namespace
 
 const std::vector<std::string>& known_backends() {
@@ -97,10 +106,9 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
 
   CLI::App app{
       "kolorun: starts the workers of a kolo job, serves their rendezvous store, tags or\n"
-      "filters their output, and stops them all when one fails.\n\n"
-      "Usage: kolorun -np N [-H host1:slots,host2:slots] [--backend shm|gloo|mpi]\n"
-      "               [--timeout SECONDS] [--tag-output|--rank0-only] program args...",
+      "filters their output, and stops them all when one fails.",
       "kolorun"};
+  app.formatter(std::make_shared<SynopsisFormatter>());
   app.footer(
       "The program and everything after it are passed to the workers untouched.\n"
       "Each worker gets KOLO_RANK, KOLO_SIZE, KOLO_LOCAL_RANK, KOLO_LOCAL_SIZE,\n"
@@ -111,20 +119,26 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   std::string np_text, timeout_text, job_timeout_text, grace_text;
   bool tag = false, rank0_only = false, check_build = false, env_docs = false, version = false;
   app.add_option("-n,--np", np_text,
-                 "Number of workers (also -np). Default with -H: every slot of the host list");
+                 "Number of workers (also -np). Default with -H: every slot of the host list")
+      ->type_name("N");
   app.add_option("-H,--hosts", o.hosts,
                  "Hosts and their slots, in rank order: host1:slots,host2:slots "
-                 "(localhost, 127.0.0.1 and this host's name run locally; others over ssh)");
+                 "(localhost, 127.0.0.1 and this host's name run locally; others over ssh)")
+      ->type_name("HOSTS");
   app.add_option("--backend", o.backend,
                  "Communicator backend of the workers (KOLO_BACKEND): shm, gloo or mpi "
-                 "(mpi runs the job through mpirun). Default: automatic");
+                 "(mpi runs the job through mpirun). Default: automatic")
+      ->type_name("NAME");
   app.add_option("--timeout", timeout_text,
                  "Timeout of each collective and of the rendezvous, in seconds "
-                 "(KOLO_TIMEOUT_SECONDS)");
+                 "(KOLO_TIMEOUT_SECONDS)")
+      ->type_name("SECONDS");
   app.add_option("--job-timeout", job_timeout_text,
-                 "Stop the whole job after this many seconds (exit code 124)");
+                 "Stop the whole job after this many seconds (exit code 124)")
+      ->type_name("SECONDS");
   app.add_option("--grace", grace_text,
-                 "Seconds between SIGTERM and SIGKILL when workers are stopped (default 5)");
+                 "Seconds between SIGTERM and SIGKILL when workers are stopped (default 5)")
+      ->type_name("SECONDS");
   auto* tag_flag = app.add_flag("--tag-output", tag,
                                 "Prefix each output line with [1,<rank>]<stdout>: or <stderr>:");
   auto* rank0_flag = app.add_flag("--rank0-only", rank0_only,
@@ -132,15 +146,19 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
                                   "others')");
   tag_flag->excludes(rank0_flag);
   app.add_option("--output-dir", o.output_dir,
-                 "Also write each rank's full output to DIR/rank.<rank>.log");
+                 "Also write each rank's full output to DIR/rank.<rank>.log")
+      ->type_name("DIR");
   app.add_option("-x", o.forward_env,
-                 "Forward an environment variable to remote workers: -x NAME or -x NAME=VALUE "
-                 "(repeatable; KOLO_* and thread variables are always forwarded)");
+                 "-x NAME=VALUE sets a variable for every worker; -x NAME forwards this one to "
+                 "remote workers (repeatable; KOLO_* and thread variables always go)")
+      ->type_name("NAME[=VALUE]");
   app.add_option("--ssh-command", o.ssh_command,
                  "Command that reaches a remote host (default: ssh); options may follow, "
-                 "e.g. \"ssh -p 2222\"");
+                 "e.g. \"ssh -p 2222\"")
+      ->type_name("CMD");
   app.add_option("--store-addr", o.store_addr,
-                 "Address remote workers use to reach this host's store (default: host name)");
+                 "Address remote workers use to reach this host's store (default: host name)")
+      ->type_name("ADDR");
   app.add_flag("-v,--verbose", o.verbose, "Print each worker's command and variables to stderr");
   app.add_flag("--check-build", check_build, "List the backends and frameworks compiled in");
   app.add_flag("--print-env-docs", env_docs,
