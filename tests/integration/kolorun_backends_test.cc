@@ -81,7 +81,7 @@ TEST_P(KolorunCollectiveFailure, PeerExitDuringACollectiveStopsTheJob) {
   if (backend == "gloo" && !KOLO_HAVE_GLOO) GTEST_SKIP() << "built without gloo";
   RunResult r = run_kolorun(
       {"-np", "3", "--backend", backend, "--grace", "2", "--tag-output", worker_path("exit_worker"),
-       "--rank", "1", "--code", "3", "--delay-ms", "500", "--wait", "collective"},
+       "--rank", "1", "--code", "3", "--delay-ms", "1000", "--wait", "collective"},
       seconds(60));
   ASSERT_FALSE(r.timed_out);
   EXPECT_NE(r.exit_code, 0);

@@ -29,7 +29,7 @@ std::string last_line(const RunResult& r) {
 
 TEST(KolorunFailure, OneWorkerExits3AndTheOthersAreStopped) {
   RunResult r = run_kolorun({"-np", "4", "--tag-output", worker_path("exit_worker"), "--rank", "1",
-                             "--code", "3", "--delay-ms", "300"},
+                             "--code", "3", "--delay-ms", "1000"},
                             seconds(60));
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 3);
@@ -48,7 +48,7 @@ TEST(KolorunFailure, OneWorkerExits3AndTheOthersAreStopped) {
 
 TEST(KolorunFailure, AWorkerKilledBySignalIsNamed) {
   RunResult r = run_kolorun({"-np", "2", "--tag-output", worker_path("exit_worker"), "--rank", "0",
-                             "--kill-self", "--delay-ms", "100"},
+                             "--kill-self", "--delay-ms", "1000"},
                             seconds(60));
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 128 + SIGKILL);
@@ -60,7 +60,7 @@ TEST(KolorunFailure, AWorkerKilledBySignalIsNamed) {
 TEST(KolorunFailure, WorkersIgnoringSigtermAreKilledAfterTheGrace) {
   RunResult r =
       run_kolorun({"-np", "3", "--grace", "0.5", "--tag-output", worker_path("exit_worker"),
-                   "--rank", "2", "--code", "4", "--ignore-sigterm"},
+                   "--rank", "2", "--code", "4", "--delay-ms", "1000", "--ignore-sigterm"},
                   seconds(60));
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 4);
@@ -69,9 +69,9 @@ TEST(KolorunFailure, WorkersIgnoringSigtermAreKilledAfterTheGrace) {
 }
 
 TEST(KolorunFailure, WorkersChildrenAreNotLeftBehind) {
-  RunResult r = run_kolorun(
-      {"-np", "2", "--tag-output", worker_path("exit_worker"), "--rank", "1", "--child"},
-      seconds(60));
+  RunResult r = run_kolorun({"-np", "2", "--tag-output", worker_path("exit_worker"), "--rank", "1",
+                             "--child", "--delay-ms", "1000"},
+                            seconds(60));
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 3);
   expect_all_gone(r.out, 4);  // two workers and a sleeping grandchild each
@@ -148,10 +148,10 @@ TEST(KolorunFailure, AllWorkersExitingZeroIsSuccess) {
 // local workers, and a local failure stops the remote ones by closing their
 // ssh's stdin (the remote script then SIGTERMs them).
 TEST(KolorunFailure, RemoteFailureIsReportedWithItsHost) {
-  RunResult r =
-      run_kolorun({"-H", "localhost:1,fakehost:2", "--ssh-command", worker_path("fake_ssh"),
-                   "--tag-output", worker_path("exit_worker"), "--rank", "2", "--code", "3"},
-                  seconds(60));
+  RunResult r = run_kolorun(
+      {"-H", "localhost:1,fakehost:2", "--ssh-command", worker_path("fake_ssh"), "--tag-output",
+       worker_path("exit_worker"), "--rank", "2", "--code", "3", "--delay-ms", "1000"},
+      seconds(60));
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 3);
   EXPECT_NE(last_line(r).find("rank 2 (pid "), std::string::npos) << r.err;
@@ -160,10 +160,11 @@ TEST(KolorunFailure, RemoteFailureIsReportedWithItsHost) {
 }
 
 TEST(KolorunFailure, LocalFailureStopsRemoteWorkers) {
-  RunResult r = run_kolorun(
-      {"-H", "localhost:1,fakehost:2", "--ssh-command", worker_path("fake_ssh"), "--grace", "1",
-       "--tag-output", worker_path("exit_worker"), "--rank", "0", "--code", "6"},
-      seconds(60));
+  RunResult r =
+      run_kolorun({"-H", "localhost:1,fakehost:2", "--ssh-command", worker_path("fake_ssh"),
+                   "--grace", "3", "--tag-output", worker_path("exit_worker"), "--rank", "0",
+                   "--code", "6", "--delay-ms", "1000"},
+                  seconds(60));
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 6);
   EXPECT_NE(last_line(r).find("rank 0 (pid "), std::string::npos) << r.err;
