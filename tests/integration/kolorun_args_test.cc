@@ -10,7 +10,7 @@
 #include "kolo/core/config.h"
 #include "kolorun_harness.h"
 
-namespace kolo::testing {
+namespace kolo::kolorun_test {
 namespace {
 
 using std::chrono::seconds;
@@ -115,4 +115,4 @@ TEST(KolorunArgs, HelpAndVersion) {
 }
 
 }  // namespace
-}  // namespace kolo::testing
+}  // namespace kolo::kolorun_test

@@ -7,7 +7,7 @@
 
 #include "kolorun_harness.h"
 
-namespace kolo::testing {
+namespace kolo::kolorun_test {
 namespace {
 
 using std::chrono::seconds;
@@ -124,4 +124,4 @@ TEST(KolorunMpiArgs, Rank0OnlyIsRefusedWithMpi) {
 }
 
 }  // namespace
-}  // namespace kolo::testing
+}  // namespace kolo::kolorun_test

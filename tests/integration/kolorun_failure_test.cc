@@ -5,7 +5,7 @@
 
 #include "kolorun_harness.h"
 
-namespace kolo::testing {
+namespace kolo::kolorun_test {
 namespace {
 
 using std::chrono::milliseconds;
@@ -174,4 +174,4 @@ TEST(KolorunFailure, LocalFailureStopsRemoteWorkers) {
 }
 
 }  // namespace
-}  // namespace kolo::testing
+}  // namespace kolo::kolorun_test

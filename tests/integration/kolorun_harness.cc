@@ -16,7 +16,7 @@
 
 extern char** environ;
 
-namespace kolo::testing {
+namespace kolo::kolorun_test {
 
 std::string kolorun_path() { return std::string(KOLO_BINARY_DIR) + "/launcher/kolorun"; }
 
@@ -200,4 +200,4 @@ int usable_cores_here() {
   return 1;
 }
 
-}  // namespace kolo::testing
+}  // namespace kolo::kolorun_test

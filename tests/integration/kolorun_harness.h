@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace kolo::testing {
+namespace kolo::kolorun_test {
 
 std::string kolorun_path();                        // KOLO_BINARY_DIR/launcher/kolorun
 std::string worker_path(const std::string& name);  // KOLO_BINARY_DIR/tests/<name>
@@ -76,4 +76,4 @@ std::vector<std::string> tagged_lines(const std::string& output, int rank,
 // Cores this process may use (the count kolorun divides among workers).
 int usable_cores_here();
 
-}  // namespace kolo::testing
+}  // namespace kolo::kolorun_test

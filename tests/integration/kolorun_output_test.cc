@@ -10,7 +10,7 @@
 
 #include "kolorun_harness.h"
 
-namespace kolo::testing {
+namespace kolo::kolorun_test {
 namespace {
 
 using std::chrono::seconds;
@@ -179,4 +179,4 @@ TEST(KolorunOutput, RemoteHostThroughTheSshScript) {
 }
 
 }  // namespace
-}  // namespace kolo::testing
+}  // namespace kolo::kolorun_test
