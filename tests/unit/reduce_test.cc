@@ -165,6 +165,39 @@ TEST(Reduce, HalfTypesKeepInfAndNan) {
   EXPECT_EQ(out[2], 0x4000);
 }
 
+// Every f16/bf16 bit pattern through the kernels (the F16C path where the CPU
+// has it, including the scalar tail) against the scalar conversions.
+TEST(Reduce, HalfKernelsMatchScalarConversionsOnEveryPattern) {
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    auto to_half = dtype == DType::kF16 ? float_to_f16 : float_to_bf16;
+    auto from_half = dtype == DType::kF16 ? f16_to_float : bf16_to_float;
+    const size_t count = 65536 + 5;  // not a multiple of the vector width
+    std::vector<uint16_t> a(count), b(count);
+    for (size_t i = 0; i < count; ++i) {
+      a[i] = static_cast<uint16_t>(i);
+      b[i] = static_cast<uint16_t>((i * 7919 + 3) & 0xffff);
+    }
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMax}) {
+      std::vector<uint16_t> out(count);
+      const void* in[2] = {a.data(), b.data()};
+      reduce_inputs(out.data(), in, 2, count, dtype, options_of(op, 1.0, 0.5), 2);
+      for (size_t i = 0; i < count; ++i) {
+        const float x = from_half(a[i]), y = from_half(b[i]);
+        const float combined = op == ReduceOp::kSum       ? x + y
+                               : op == ReduceOp::kProduct ? x * y
+                                                          : (x < y ? y : x);
+        const uint16_t expected = to_half(combined * 0.5f);
+        if (std::isnan(from_half(expected))) {
+          ASSERT_TRUE(std::isnan(from_half(out[i]))) << dtype_name(dtype) << " i=" << i;
+        } else {
+          ASSERT_EQ(out[i], expected)
+              << dtype_name(dtype) << " " << reduce_op_name(op) << " i=" << i;
+        }
+      }
+    }
+  }
+}
+
 template <typename T>
 std::vector<T> reduce_ints(const std::vector<std::vector<T>>& inputs, DType dtype,
                            const AllreduceOptions& options) {
