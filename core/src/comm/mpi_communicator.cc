@@ -1,7 +1,642 @@
-// PLACEHOLDER: replaced by the real implementation.
+// mpi backend: collectives through MPI (OpenMPI 4.1 or MPICH).
+//
+// Each communicator duplicates MPI_COMM_WORLD (with MPI_ERRORS_RETURN, so
+// failures come back as codes and become RuntimeFault) and runs every
+// collective as its nonblocking form (MPI_Iallreduce, ...) polled with
+// MPI_Test, so that each call honours its own timeout (TimeoutError). MPI
+// cannot cancel a started collective: after a timeout the communicator is
+// unusable, and the buffers of that call may still be written by MPI if the
+// late ranks ever arrive.
+//
+// Reductions: built-in MPI ops on u8/i8/i32/i64/f32/f64. f16/bf16 are reduced
+// as f32 and integers with a scale or average as f64 (staged_reduction.h),
+// which gives reduce.h's semantics with MPI's own op implementations.
+//
+// Process-wide MPI state: kolo initialises MPI on first use with
+// MPI_THREAD_MULTIPLE requested and at least MPI_THREAD_SERIALIZED required
+// (the engine calls collectives from its background thread). MPI cannot be
+// initialised twice, so kolo never finalises it when a communicator is
+// destroyed; if kolo initialised MPI it registers an atexit handler that calls
+// MPI_Finalize (OpenMPI's mpirun reports a process that exits without it as an
+// error). The handler cannot end the process: it sets MPI_ERRORS_RETURN first
+// and ignores the result. If the application initialised MPI, finalising is
+// the application's business. With MPI_THREAD_SERIALIZED, kolo serialises its
+// own MPI calls across communicators with a process-wide lock.
+#include <mpi.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include "comm/backends.h"
+#include "comm/signature.h"
+#include "comm/staged_reduction.h"
 #include "kolo/core/errors.h"
-namespace kolo {
-namespace detail { std::unique_ptr<Communicator> make_mpi_communicator(const CommunicatorOptions&) { throw ContractError("not implemented yet"); }
-bool launched_by_mpi() { throw ContractError("not implemented yet"); } }
-}  // namespace kolo
+
+namespace kolo::detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Largest element count one MPI call takes (its count argument is an int).
+constexpr size_t kMaxMpiCount = INT_MAX;
+// Waiting polls MPI_Test back to back (MPI progresses only inside MPI calls),
+// yielding the core between polls so an oversubscribed peer can run; waits
+// longer than this (a stalled peer, or a huge buffer) poll every kIdlePoll.
+constexpr auto kBusyPollTime = std::chrono::milliseconds(1000);
+constexpr auto kIdlePoll = std::chrono::microseconds(100);
+
+// MPI's process-wide state as kolo sees it. MPI itself is process-global, so
+// this is too (function-local static, created on first use).
+struct MpiProcess {
+  std::mutex mutex;           // guards initialisation
+  std::mutex call_mutex;      // serialises MPI calls below MPI_THREAD_MULTIPLE
+  bool serialize_calls = false;
+};
+
+MpiProcess& mpi_process() {
+  static MpiProcess process;
+  return process;
+}
+
+// Holds the process-wide call lock when MPI is not fully thread-safe.
+class CallLock {
+ public:
+  CallLock() : process_(mpi_process()) {
+    if (process_.serialize_calls) process_.call_mutex.lock();
+  }
+  ~CallLock() {
+    if (process_.serialize_calls) process_.call_mutex.unlock();
+  }
+  CallLock(const CallLock&) = delete;
+  CallLock& operator=(const CallLock&) = delete;
+
+ private:
+  MpiProcess& process_;
+};
+
+const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
+  }
+  return "an unknown thread level";
+}
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) {
+    return "MPI error " + std::to_string(code);
+  }
+  return std::string(text, length);
+}
+
+// Registered with atexit only when kolo initialised MPI. Never terminates the
+// process: errors are returned (and ignored) instead of aborting.
+void finalize_mpi_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Finalize();
+}
+
+void ensure_mpi_initialized() {
+  MpiProcess& process = mpi_process();
+  std::lock_guard<std::mutex> lock(process.mutex);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) {
+    throw ContractError("kolo make_communicator(mpi): MPI has already been finalized in this "
+                        "process; build kolo's MPI communicators before MPI_Finalize");
+  }
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  int provided = MPI_THREAD_SINGLE;
+  if (!initialized) {
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    if (rc != MPI_SUCCESS) {
+      throw RuntimeFault("kolo make_communicator(mpi): MPI_Init_thread failed: " +
+                         mpi_error_text(rc));
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    std::atexit(finalize_mpi_at_exit);
+    if (provided < MPI_THREAD_SERIALIZED) {
+      throw ContractError(std::string("kolo make_communicator(mpi): this MPI library provides "
+                                      "only ") +
+                          thread_level_name(provided) +
+                          "; kolo needs at least MPI_THREAD_SERIALIZED because its engine "
+                          "calls collectives from a background thread. Use an MPI built with "
+                          "thread support, or the gloo backend.");
+    }
+  } else {
+    MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_SERIALIZED) {
+      throw ContractError(std::string("kolo make_communicator(mpi): the application "
+                                      "initialised MPI with ") +
+                          thread_level_name(provided) +
+                          "; kolo needs at least MPI_THREAD_SERIALIZED because its engine "
+                          "calls collectives from a background thread. Initialise MPI with "
+                          "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...), or let kolo "
+                          "initialise it.");
+    }
+  }
+  process.serialize_calls = provided < MPI_THREAD_MULTIPLE;
+}
+
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::kU8:
+      return MPI_UINT8_T;
+    case DType::kI8:
+      return MPI_INT8_T;
+    case DType::kI32:
+      return MPI_INT32_T;
+    case DType::kI64:
+      return MPI_INT64_T;
+    case DType::kF16:
+    case DType::kBF16:
+      return MPI_UINT16_T;  // moved, never reduced (reductions stage to f32)
+    case DType::kF32:
+      return MPI_FLOAT;
+    case DType::kF64:
+      return MPI_DOUBLE;
+  }
+  throw ContractError("kolo mpi: invalid dtype value " + std::to_string(static_cast<int>(dtype)));
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+      return MPI_SUM;
+    case ReduceOp::kMin:
+      return MPI_MIN;
+    case ReduceOp::kMax:
+      return MPI_MAX;
+    case ReduceOp::kProduct:
+      return MPI_PROD;
+  }
+  throw ContractError("kolo mpi: invalid reduce op value " +
+                      std::to_string(static_cast<int>(op)));
+}
+
+// MPI has no 16-bit float ops: f16/bf16 are always reduced as f32.
+ReductionPlan mpi_plan(DType dtype, const AllreduceOptions& options) {
+  ReductionPlan plan = plan_reduction(dtype, options);
+  if (plan.wire == DType::kF16 || plan.wire == DType::kBF16) {
+    plan.wire = DType::kF32;
+    plan.staged = true;
+  }
+  return plan;
+}
+
+class Deadline {
+ public:
+  explicit Deadline(milliseconds timeout) : timeout_(timeout), end_(Clock::now() + timeout) {}
+  milliseconds timeout() const { return timeout_; }
+  bool passed(Clock::time_point now) const { return now >= end_; }
+
+ private:
+  milliseconds timeout_;
+  Clock::time_point end_;
+};
+
+// Grow-only scratch memory, reused across calls.
+class Scratch {
+ public:
+  uint8_t* get(size_t bytes) {
+    if (bytes > storage_.size() * sizeof(double)) {
+      storage_.clear();
+      storage_.shrink_to_fit();
+      storage_.resize((bytes + sizeof(double) - 1) / sizeof(double));
+    }
+    return reinterpret_cast<uint8_t*>(storage_.data());
+  }
+
+ private:
+  std::vector<double> storage_;
+};
+
+std::vector<int> int_counts(const std::vector<size_t>& counts, const char* op,
+                            const char* argument) {
+  std::vector<int> result;
+  size_t total = 0;
+  for (size_t count : counts) {
+    total += count;
+    if (count > kMaxMpiCount || total > kMaxMpiCount) {
+      throw ContractError(std::string("kolo ") + op + " (mpi): " + argument + " adds up to " +
+                          std::to_string(total) + " elements; the mpi backend takes at most " +
+                          std::to_string(kMaxMpiCount) +
+                          " elements per call here (MPI counts are int); split the call");
+    }
+    result.push_back(static_cast<int>(count));
+  }
+  return result;
+}
+
+std::vector<int> displacements(const std::vector<int>& counts) {
+  std::vector<int> result(counts.size());
+  int offset = 0;
+  for (size_t k = 0; k < counts.size(); ++k) {
+    result[k] = offset;
+    offset += counts[k];
+  }
+  return result;
+}
+
+void check_fits(size_t count, const char* op) {
+  if (count > kMaxMpiCount) {
+    throw ContractError(std::string("kolo ") + op + " (mpi): count " + std::to_string(count) +
+                        " exceeds " + std::to_string(kMaxMpiCount) +
+                        " elements per rank, the most one MPI call takes (MPI counts are "
+                        "int); split the call");
+  }
+}
+
+class MpiCommunicator : public Communicator {
+ public:
+  explicit MpiCommunicator(const CommunicatorOptions& options)
+      : rank_(options.rank),
+        size_(options.size),
+        default_timeout_(options.timeout),
+        check_args_(options.check_args) {
+    ensure_mpi_initialized();
+    int world_rank = 0;
+    int world_size = 0;
+    {
+      CallLock lock;
+      MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+      MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    }
+    if (world_rank != rank_ || world_size != size_) {
+      throw ContractError(
+          "kolo make_communicator(mpi): options.rank=" + std::to_string(rank_) +
+          " and options.size=" + std::to_string(size_) + " but this process is rank " +
+          std::to_string(world_rank) + " of an MPI world of " + std::to_string(world_size) +
+          ". The mpi backend spans MPI_COMM_WORLD: pass its rank and size (kolo::init does), "
+          "launch with mpirun -np " + std::to_string(size_) +
+          ", or use the shm or gloo backend for a subset of ranks.");
+    }
+    MPI_Request request = MPI_REQUEST_NULL;
+    int rc;
+    {
+      CallLock lock;
+      rc = MPI_Comm_idup(MPI_COMM_WORLD, &comm_, &request);
+    }
+    if (rc != MPI_SUCCESS) {
+      throw RuntimeFault("kolo make_communicator(mpi): MPI_Comm_idup failed: " +
+                         mpi_error_text(rc));
+    }
+    wait(request, Deadline(default_timeout_), "make_communicator");
+    CallLock lock;
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  }
+
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized || comm_ == MPI_COMM_NULL) return;
+    CallLock lock;
+    MPI_Comm_free(&comm_);  // deferred by MPI until pending operations end
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "mpi"; }
+
+  void allreduce(const void* in, void* out, size_t count, DType dtype,
+                 const AllreduceOptions& options) override {
+    check_local_args(CollectiveKind::kAllreduce, size_, in, out, count, &options, 0);
+    run(reduce_signature(CollectiveKind::kAllreduce, count, dtype, options), options.timeout,
+        [&](const Deadline& deadline) {
+          if (count == 0) return;
+          const ReductionPlan plan = mpi_plan(dtype, options);
+          const size_t wire_bytes = dtype_size(plan.wire);
+          const bool copy_needed = plan.staged || options.prescale != 1.0;
+          uint8_t* work = plan.staged ? work_.get(count * wire_bytes) : static_cast<uint8_t*>(out);
+          if (copy_needed) stage_in(plan, options, in, work, count);
+          // In place when staged or copied into out; otherwise in -> out directly.
+          const bool in_place = copy_needed || in == out;
+          for (size_t done = 0; done < count; done += kMaxMpiCount) {
+            const int chunk = static_cast<int>(std::min(kMaxMpiCount, count - done));
+            const size_t offset = done * wire_bytes;
+            start_and_wait(deadline, "allreduce", [&](MPI_Request* request) {
+              return MPI_Iallreduce(
+                  in_place ? MPI_IN_PLACE : static_cast<const uint8_t*>(in) + offset,
+                  work + offset, chunk, mpi_type(plan.wire), mpi_op(plan.wire_op), comm_,
+                  request);
+            });
+          }
+          stage_out(plan, options, work, out, count, size_);
+        });
+  }
+
+  void allgather(const void* in, void* out, size_t count, DType dtype,
+                 const CollectiveOptions& options) override {
+    check_local_args(CollectiveKind::kAllgather, size_, in, out, count, nullptr, 0);
+    run(plain_signature(CollectiveKind::kAllgather, count, dtype), options.timeout,
+        [&](const Deadline& deadline) {
+          if (count == 0) return;
+          check_fits(count * size_, "allgather");
+          const int n = static_cast<int>(count);
+          const MPI_Datatype type = mpi_type(dtype);
+          const bool in_place =
+              in == static_cast<const uint8_t*>(out) + rank_ * count * dtype_size(dtype);
+          start_and_wait(deadline, "allgather", [&](MPI_Request* request) {
+            return MPI_Iallgather(in_place ? MPI_IN_PLACE : in, n, type, out, n, type, comm_,
+                                  request);
+          });
+        });
+  }
+
+  void allgatherv(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
+                  const CollectiveOptions& options) override {
+    check_counts_arg(CollectiveKind::kAllgatherv, "counts", counts, size_);
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    check_local_args(CollectiveKind::kAllgatherv, size_, counts[rank_] > 0 ? in : out, out, total,
+                     nullptr, 0);
+    run(plain_signature(CollectiveKind::kAllgatherv, hash_counts(counts), dtype), options.timeout,
+        [&](const Deadline& deadline) {
+          if (total == 0) return;
+          const std::vector<int> recv_counts = int_counts(counts, "allgatherv", "counts");
+          const std::vector<int> offsets = displacements(recv_counts);
+          const MPI_Datatype type = mpi_type(dtype);
+          const bool in_place =
+              in == static_cast<const uint8_t*>(out) + offsets[rank_] * dtype_size(dtype);
+          start_and_wait(deadline, "allgatherv", [&](MPI_Request* request) {
+            return MPI_Iallgatherv(in_place ? MPI_IN_PLACE : in, recv_counts[rank_], type, out,
+                                   recv_counts.data(), offsets.data(), type, comm_, request);
+          });
+        });
+  }
+
+  void broadcast(void* buffer, size_t count, DType dtype,
+                 const BroadcastOptions& options) override {
+    check_local_args(CollectiveKind::kBroadcast, size_, buffer, buffer, count, nullptr,
+                     options.root);
+    CallSignature sig = plain_signature(CollectiveKind::kBroadcast, count, dtype);
+    sig.root = options.root;
+    run(sig, options.timeout, [&](const Deadline& deadline) {
+      const size_t element_bytes = dtype_size(dtype);
+      for (size_t done = 0; done < count; done += kMaxMpiCount) {
+        const int chunk = static_cast<int>(std::min(kMaxMpiCount, count - done));
+        start_and_wait(deadline, "broadcast", [&](MPI_Request* request) {
+          return MPI_Ibcast(static_cast<uint8_t*>(buffer) + done * element_bytes, chunk,
+                            mpi_type(dtype), options.root, comm_, request);
+        });
+      }
+    });
+  }
+
+  void reducescatter(const void* in, void* out, size_t count, DType dtype,
+                     const AllreduceOptions& options) override {
+    check_local_args(CollectiveKind::kReducescatter, size_, in, out, count, &options, 0);
+    run(reduce_signature(CollectiveKind::kReducescatter, count, dtype, options),
+        options.timeout, [&](const Deadline& deadline) {
+          if (count == 0) return;
+          check_fits(count, "reducescatter");
+          const ReductionPlan plan = mpi_plan(dtype, options);
+          const size_t total = count * size_;
+          const int n = static_cast<int>(count);
+          const MPI_Datatype type = mpi_type(plan.wire);
+          const MPI_Op op = mpi_op(plan.wire_op);
+          if (!plan.staged && options.prescale == 1.0) {
+            // MPI_IN_PLACE: input from `out` (size()*count), result in its first block.
+            start_and_wait(deadline, "reducescatter", [&](MPI_Request* request) {
+              return MPI_Ireduce_scatter_block(in == out ? MPI_IN_PLACE : in, out, n, type, op,
+                                               comm_, request);
+            });
+            stage_out(plan, options, out, out, count, size_);
+            return;
+          }
+          uint8_t* work = work_.get(total * dtype_size(plan.wire));
+          stage_in(plan, options, in, work, total);
+          start_and_wait(deadline, "reducescatter", [&](MPI_Request* request) {
+            return MPI_Ireduce_scatter_block(MPI_IN_PLACE, work, n, type, op, comm_, request);
+          });
+          stage_out(plan, options, work, out, count, size_);
+        });
+  }
+
+  void alltoall(const void* in, void* out, size_t count, DType dtype,
+                const CollectiveOptions& options) override {
+    check_local_args(CollectiveKind::kAlltoall, size_, in, out, count, nullptr, 0);
+    run(plain_signature(CollectiveKind::kAlltoall, count, dtype), options.timeout,
+        [&](const Deadline& deadline) {
+          if (count == 0) return;
+          check_fits(count * size_, "alltoall");
+          const size_t bytes = count * size_ * dtype_size(dtype);
+          const void* source = in;
+          if (in == out) {  // in place: send from a copy
+            uint8_t* copy = exchange_copy_.get(bytes);
+            std::memcpy(copy, in, bytes);
+            source = copy;
+          }
+          const int n = static_cast<int>(count);
+          const MPI_Datatype type = mpi_type(dtype);
+          start_and_wait(deadline, "alltoall", [&](MPI_Request* request) {
+            return MPI_Ialltoall(source, n, type, out, n, type, comm_, request);
+          });
+        });
+  }
+
+  void alltoallv(const void* in, const std::vector<size_t>& send_counts, void* out,
+                 const std::vector<size_t>& recv_counts, DType dtype,
+                 const CollectiveOptions& options) override {
+    check_counts_arg(CollectiveKind::kAlltoallv, "send_counts", send_counts, size_);
+    check_counts_arg(CollectiveKind::kAlltoallv, "recv_counts", recv_counts, size_);
+    size_t send_total = 0;
+    size_t recv_total = 0;
+    for (int k = 0; k < size_; ++k) {
+      send_total += send_counts[k];
+      recv_total += recv_counts[k];
+    }
+    check_local_args(CollectiveKind::kAlltoallv, size_, send_total > 0 ? in : out, out,
+                     std::max(send_total, recv_total), nullptr, 0);
+    if (send_total > 0 && recv_total > 0 && in == out) {
+      throw ContractError("kolo alltoallv: in and out are the same buffer; alltoallv has no "
+                          "in-place form, pass a separate output buffer");
+    }
+    const std::vector<int> sends = int_counts(send_counts, "alltoallv", "send_counts");
+    const std::vector<int> recvs = int_counts(recv_counts, "alltoallv", "recv_counts");
+    run(plain_signature(CollectiveKind::kAlltoallv, 0, dtype), options.timeout,
+        [&](const Deadline& deadline) {
+          if (check_args_ && size_ > 1) check_alltoallv(send_counts, recv_counts, deadline);
+          const std::vector<int> send_offsets = displacements(sends);
+          const std::vector<int> recv_offsets = displacements(recvs);
+          const MPI_Datatype type = mpi_type(dtype);
+          start_and_wait(deadline, "alltoallv", [&](MPI_Request* request) {
+            return MPI_Ialltoallv(in, sends.data(), send_offsets.data(), type, out,
+                                  recvs.data(), recv_offsets.data(), type, comm_, request);
+          });
+        });
+  }
+
+  void barrier(const CollectiveOptions& options) override {
+    CallSignature sig;
+    sig.kind = CollectiveKind::kBarrier;
+    run(sig, options.timeout, [&](const Deadline& deadline) {
+      start_and_wait(deadline, "barrier",
+                     [&](MPI_Request* request) { return MPI_Ibarrier(comm_, request); });
+    });
+  }
+
+ private:
+  static CallSignature plain_signature(CollectiveKind kind, uint64_t count, DType dtype) {
+    CallSignature sig;
+    sig.kind = kind;
+    sig.count = count;
+    sig.dtype = dtype;
+    return sig;
+  }
+
+  static CallSignature reduce_signature(CollectiveKind kind, size_t count, DType dtype,
+                                        const AllreduceOptions& options) {
+    CallSignature sig = plain_signature(kind, count, dtype);
+    sig.op = options.op;
+    sig.prescale = options.prescale;
+    sig.postscale = options.postscale;
+    return sig;
+  }
+
+  // One collective: the cross-rank argument check, then `body`.
+  template <typename Body>
+  void run(CallSignature sig, milliseconds timeout, Body&& body) {
+    const char* op = collective_name(sig.kind);
+    if (!fault_.empty()) {
+      throw RuntimeFault(std::string("kolo mpi ") + op + ": the communicator is unusable after "
+                         "an earlier fault (" + fault_ + "); destroy it and build a new one");
+    }
+    sig.sequence = sequence_++;
+    const Deadline deadline(timeout.count() > 0 ? timeout : default_timeout_);
+    if (check_args_ && size_ > 1) {
+      std::vector<CallSignature> all(size_);
+      start_and_wait(deadline, op, [&](MPI_Request* request) {
+        return MPI_Iallgather(&sig, sizeof(CallSignature), MPI_BYTE, all.data(),
+                              sizeof(CallSignature), MPI_BYTE, comm_, request);
+      });
+      check_signatures(all);
+    }
+    body(deadline);
+  }
+
+  // alltoallv counts agree across ranks: send_counts[k] on r == recv_counts[r] on k.
+  void check_alltoallv(const std::vector<size_t>& send_counts,
+                       const std::vector<size_t>& recv_counts, const Deadline& deadline) {
+    std::vector<uint64_t> mine(2 * size_);
+    for (int k = 0; k < size_; ++k) {
+      mine[k] = send_counts[k];
+      mine[size_ + k] = recv_counts[k];
+    }
+    std::vector<uint64_t> all(2 * size_ * size_);
+    start_and_wait(deadline, "alltoallv", [&](MPI_Request* request) {
+      return MPI_Iallgather(mine.data(), 2 * size_, MPI_UINT64_T, all.data(), 2 * size_,
+                            MPI_UINT64_T, comm_, request);
+    });
+    std::vector<std::vector<size_t>> sends(size_), recvs(size_);
+    for (int r = 0; r < size_; ++r) {
+      const uint64_t* row = all.data() + r * 2 * size_;
+      sends[r].assign(row, row + size_);
+      recvs[r].assign(row + size_, row + 2 * size_);
+    }
+    check_alltoallv_counts(sends, recvs);
+  }
+
+  // Starts one nonblocking MPI operation and waits for it.
+  template <typename Start>
+  void start_and_wait(const Deadline& deadline, const char* op, Start&& start) {
+    MPI_Request request = MPI_REQUEST_NULL;
+    int rc;
+    {
+      CallLock lock;
+      rc = start(&request);
+    }
+    if (rc != MPI_SUCCESS) fail(op, rc);
+    wait(request, deadline, op);
+  }
+
+  // Polls `request` until done, the deadline passes (TimeoutError) or MPI
+  // reports an error (RuntimeFault).
+  void wait(MPI_Request& request, const Deadline& deadline, const char* op) {
+    const auto start = Clock::now();
+    for (unsigned polls = 0;; ++polls) {
+      int done = 0;
+      int rc;
+      {
+        CallLock lock;
+        rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+      }
+      if (rc != MPI_SUCCESS) fail(op, rc);
+      if (done) return;
+      if ((polls & 15) != 15) {
+        sched_yield();
+        continue;
+      }
+      const auto now = Clock::now();
+      if (deadline.passed(now)) {
+        // MPI cannot cancel a collective: the request stays pending for good.
+        fault_ = "timed out after " + std::to_string(deadline.timeout().count()) + " ms";
+        throw TimeoutError(std::string("kolo mpi ") + op + " (rank " + std::to_string(rank_) +
+                           " of " + std::to_string(size_) + "): timed out after " +
+                           std::to_string(deadline.timeout().count()) +
+                           " ms; some ranks did not make this call in time (MPI does not "
+                           "say which); the communicator is unusable");
+      }
+      if (now - start > kBusyPollTime) {
+        std::this_thread::sleep_for(kIdlePoll);
+      } else {
+        sched_yield();
+      }
+    }
+  }
+
+  [[noreturn]] void fail(const char* op, int rc) {
+    fault_ = mpi_error_text(rc);
+    throw RuntimeFault(std::string("kolo mpi ") + op + " (rank " + std::to_string(rank_) +
+                       " of " + std::to_string(size_) + "): " + fault_ +
+                       "; the communicator is unusable");
+  }
+
+  const int rank_;
+  const int size_;
+  const milliseconds default_timeout_;
+  const bool check_args_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  uint64_t sequence_ = 0;
+  Scratch work_;           // staged reductions
+  Scratch exchange_copy_;  // in-place alltoall
+  std::string fault_;      // set once a fault made the communicator unusable
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(const CommunicatorOptions& options) {
+  return std::make_unique<MpiCommunicator>(options);
+}
+
+bool launched_by_mpi() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK"}) {
+    if (std::getenv(name) != nullptr) return true;
+  }
+  return false;
+}
+
+}  // namespace kolo::detail

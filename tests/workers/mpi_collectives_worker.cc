@@ -1,0 +1,74 @@
+// Worker started by mpirun (tests/integration/mpi_backend_test.cc): builds the
+// mpi communicator from OpenMPI's rank variables and runs the shared
+// collective correctness matrix on it.
+//
+//   mpi_collectives_worker             full matrix; prints each mismatch, exit 1 on any
+//   mpi_collectives_worker --mismatch  rank 1 calls allreduce with a different count;
+//                                      every rank prints the ContractError, exit 3
+// Exit 2: an unexpected exception (printed).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "collective_check.h"
+#include "kolo/core/communicator.h"
+#include "kolo/core/errors.h"
+
+namespace {
+
+int env_int(const char* name, const char* fallback_name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) value = std::getenv(fallback_name);
+  return value == nullptr ? -1 : std::atoi(value);
+}
+
+int run_matrix(kolo::Communicator& comm) {
+  const std::vector<std::string> failures =
+      kolo::testing::check_collectives(comm, kolo::testing::CheckMatrix{});
+  for (const auto& line : failures) std::printf("rank %d: FAIL %s\n", comm.rank(), line.c_str());
+  std::printf("rank %d: %zu mismatches\n", comm.rank(), failures.size());
+  return failures.empty() ? 0 : 1;
+}
+
+int run_mismatch(kolo::Communicator& comm) {
+  std::vector<float> data(1000, 1.0f);
+  const size_t count = comm.rank() == 1 ? 999 : 1000;
+  try {
+    comm.allreduce(data.data(), data.data(), count, kolo::DType::kF32, {});
+    std::printf("rank %d: no error for a count mismatch\n", comm.rank());
+    return 1;
+  } catch (const kolo::ContractError& error) {
+    std::printf("rank %d: ContractError: %s\n", comm.rank(), error.what());
+    std::fflush(stdout);
+  }
+  // The communicator stays usable: every rank has printed before any exits
+  // (mpirun stops the job at the first non-zero exit).
+  comm.barrier({});
+  return 3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool mismatch = argc > 1 && std::strcmp(argv[1], "--mismatch") == 0;
+  kolo::CommunicatorOptions options;
+  options.rank = env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK");
+  options.size = env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE");
+  options.timeout = std::chrono::seconds(60);
+  if (options.rank < 0 || options.size < 1) {
+    std::printf("mpi_collectives_worker: run me under mpirun (no OMPI_COMM_WORLD_RANK/SIZE)\n");
+    return 2;
+  }
+  try {
+    auto comm = kolo::make_communicator("mpi", options);
+    const int code = mismatch ? run_mismatch(*comm) : run_matrix(*comm);
+    std::fflush(stdout);
+    return code;
+  } catch (const std::exception& error) {
+    std::printf("rank %d: unexpected exception: %s\n", options.rank, error.what());
+    std::fflush(stdout);
+    return 2;
+  }
+}
