@@ -1,6 +1,7 @@
 // mpirun command construction for --backend mpi (mpi_launch.h).
 #include "mpi_launch.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "usage_error.h"

@@ -1,6 +1,7 @@
 // Remote worker command construction (see ssh_command.h for the protocol).
 #include "ssh_command.h"
 
+#include <cctype>
 #include <cmath>
 #include <set>
 #include <sstream>
