@@ -1,0 +1,184 @@
+// The engine: asynchronous, named collectives negotiated across ranks, fused,
+// and run on a background thread (Horovod's core, as an explicit object).
+//
+// Frameworks hand the engine named tensors in whatever order their backward
+// pass produces them. A request runs once every rank of its process set has
+// submitted a request of the same name; every rank runs ready requests in the
+// same order whatever order they were submitted in; requests of one kind,
+// dtype, op and process set are packed into one fusion buffer and run as one
+// collective. The protocol is written out in core/src/engine/controller.h.
+//
+// Ownership: the engine never owns framework tensors. A TensorView is a
+// pointer + dtype + shape; the caller keeps the memory alive and untouched
+// until the request's Handle has finished.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kolo/core/communicator.h"
+#include "kolo/core/config.h"
+#include "kolo/core/dtype.h"
+
+namespace kolo {
+
+// A contiguous, row-major CPU buffer seen by the engine.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;  // empty = scalar (1 element)
+
+  int64_t numel() const;
+  size_t bytes() const;
+};
+
+// Called on the engine thread once an output's shape is known (allgather,
+// alltoall, reducescatter without a preallocated output): returns the buffer
+// to write into, of exactly that shape and the input's dtype.
+using AllocateOutput = std::function<TensorView(const std::vector<int64_t>& shape)>;
+
+namespace detail {
+struct HandleState;
+}
+
+// The caller's side of one request. Copyable; all copies share one state.
+class Handle {
+ public:
+  Handle() = default;
+  explicit Handle(std::shared_ptr<detail::HandleState> state) : state_(std::move(state)) {}
+
+  bool valid() const { return state_ != nullptr; }
+  // True once the request finished (successfully or not). Never blocks.
+  bool poll() const;
+  // Blocks until the request finished; rethrows its error (ContractError for a
+  // cross-rank mismatch, RuntimeFault for a dead peer or a stall shutdown).
+  // Throws TimeoutError if it has not finished within `timeout` (the request
+  // itself keeps going).
+  void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds::max()) const;
+  // Runs `callback` once the request finished, with nullptr on success or the
+  // error. Runs on the engine thread, or at once on this thread if finished.
+  void on_complete(std::function<void(std::exception_ptr)> callback) const;
+  // Rows received from each rank (alltoall) or contributed by each rank
+  // (allgather); valid after success.
+  std::vector<int64_t> received_splits() const;
+  // The output allocated through AllocateOutput; valid after success.
+  TensorView output() const;
+
+ private:
+  std::shared_ptr<detail::HandleState> state_;
+};
+
+// Per-request options. Scales and op apply to allreduce and reducescatter,
+// root to broadcast.
+struct RequestOptions {
+  ReduceOp op = ReduceOp::kAverage;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int root = 0;         // rank in the process set
+  int process_set = 0;  // 0 = all ranks; others from Engine::add_process_set
+};
+
+struct EngineOptions {
+  double cycle_time_ms = 1.0;                 // KOLO_CYCLE_TIME_MS
+  int64_t fusion_threshold_bytes = 64 << 20;  // KOLO_FUSION_THRESHOLD_BYTES; 0 = no fusion
+  int cache_capacity = 1024;                  // KOLO_CACHE_CAPACITY; 0 = no cache
+  double stall_warning_seconds = 60;          // KOLO_STALL_WARNING_SECONDS
+  double stall_shutdown_seconds = 600;        // KOLO_STALL_SHUTDOWN_SECONDS; 0 = never
+  std::string timeline_path;                  // KOLO_TIMELINE; "" = off
+  bool timeline_all_ranks = false;            // KOLO_TIMELINE_ALL_RANKS: path.rank<N>.json
+  bool autotune = false;                      // KOLO_AUTOTUNE
+  std::string autotune_log;                   // KOLO_AUTOTUNE_LOG; "" = stderr only
+
+  static EngineOptions from_config(const Config& config);
+};
+
+// Builds the communicator of a process set. `ranks` are world ranks (sorted);
+// called on every member with the same arguments. Supplied by the runtime (it
+// owns the store and knows the backend).
+using CommunicatorFactory =
+    std::function<std::unique_ptr<Communicator>(const std::vector<int>& ranks, int set_id)>;
+
+class Engine {
+ public:
+  // `world` must be used by nobody else (the engine calls it from its thread);
+  // `factory` builds communicators for process sets.
+  Engine(std::unique_ptr<Communicator> world, CommunicatorFactory factory,
+         const EngineOptions& options);
+  // Stops the thread; pending handles fail with RuntimeFault("engine shut down").
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  int rank() const;
+  int size() const;
+
+  // out may equal in (in place). Shapes must match across ranks.
+  Handle allreduce_async(const std::string& name, const TensorView& in, const TensorView& out,
+                         const RequestOptions& options = {});
+  // First dimension may differ per rank; the output (sum of first dims x rest)
+  // is allocated through `allocate` once every rank's shape is known.
+  Handle allgather_async(const std::string& name, const TensorView& in, AllocateOutput allocate,
+                         const RequestOptions& options = {});
+  // In place on `buffer`; options.root is the source.
+  Handle broadcast_async(const std::string& name, const TensorView& buffer,
+                         const RequestOptions& options = {});
+  // The first dimension of `in` is split across the ranks of the set as evenly
+  // as possible (the first `rows % n` ranks get one more row); this rank's
+  // reduced rows are written to `out`, of shape reducescatter_shape(...).
+  Handle reducescatter_async(const std::string& name, const TensorView& in, const TensorView& out,
+                             const RequestOptions& options = {});
+  // splits[k] rows of `in` go to rank k (empty = equal split, first dim must
+  // divide); the output is allocated once the received rows are known.
+  Handle alltoall_async(const std::string& name, const TensorView& in,
+                        const std::vector<int64_t>& splits, AllocateOutput allocate,
+                        const RequestOptions& options = {});
+
+  // Synchronous forms: submit and wait.
+  void allreduce(const std::string& name, const TensorView& in, const TensorView& out,
+                 const RequestOptions& options = {});
+  void broadcast(const std::string& name, const TensorView& buffer,
+                 const RequestOptions& options = {});
+
+  // Shape of this rank's reducescatter output for an input of `shape` in a
+  // set of `set_size` ranks where this rank has index `set_rank`.
+  static std::vector<int64_t> reducescatter_shape(const std::vector<int64_t>& shape, int set_size,
+                                                  int set_rank);
+
+  // This rank has run out of data: until every rank has joined, it keeps
+  // taking part in the others' collectives, contributing the neutral element
+  // (zeros to sums, no rows to allgathers; averages divide by the ranks that
+  // contributed). Blocks until all ranks joined; returns the last rank to join.
+  int join(int process_set = 0);
+
+  // Creates a process set of the given world ranks; every world rank must call
+  // it with the same ranks (as with Horovod's add_process_set). Returns its id.
+  // Using a set on a rank outside it is a ContractError.
+  int add_process_set(const std::vector<int>& ranks);
+  void remove_process_set(int process_set);
+
+  // Current tuning (after autotune has settled, the chosen values).
+  double cycle_time_ms() const;
+  int64_t fusion_threshold_bytes() const;
+
+  // Counters for tests and benchmarks.
+  struct Stats {
+    uint64_t cycles = 0;
+    uint64_t responses = 0;         // requests completed
+    uint64_t collectives = 0;       // communicator calls made for them (fusion lowers this)
+    uint64_t cache_hits = 0;        // requests agreed through the bit vector
+    uint64_t full_negotiations = 0; // cycles that exchanged request lists
+    uint64_t cache_evictions = 0;
+  };
+  Stats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kolo
