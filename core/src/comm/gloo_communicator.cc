@@ -62,8 +62,10 @@ using std::chrono::milliseconds;
 
 // Bytes per pipelined message of the ring algorithms: small enough to overlap
 // reduction with transfer, large enough to amortise gloo's per-message
-// handshake (a send moves once the receiver has posted its recv).
-constexpr size_t kSegmentBytes = 256 * 1024;
+// handshake (a send moves once the receiver has posted its recv). Measured on
+// 2 ranks over loopback: 64 MiB allreduce at ~1.2 GB/s with 1 MiB, ~0.9 with
+// 256 KiB segments.
+constexpr size_t kSegmentBytes = 1024 * 1024;
 // Receive slots in flight per ring step of reduce-scatter (bounds its scratch).
 constexpr size_t kRecvWindow = 4;
 // Broadcasts up to this size use the binomial tree (latency), larger ones the

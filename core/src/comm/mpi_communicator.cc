@@ -49,10 +49,12 @@ using std::chrono::milliseconds;
 
 // Largest element count one MPI call takes (its count argument is an int).
 constexpr size_t kMaxMpiCount = INT_MAX;
-// Waiting polls MPI_Test back to back (MPI progresses only inside MPI calls),
-// yielding the core between polls so an oversubscribed peer can run; waits
-// longer than this (a stalled peer, or a huge buffer) poll every kIdlePoll.
-constexpr auto kBusyPollTime = std::chrono::milliseconds(1000);
+// Waiting polls MPI_Test (MPI progresses only inside MPI calls): back to back
+// for kSpinTime (latency), then yielding the core between polls so that an
+// oversubscribed peer can run, then, past kYieldTime (a stalled peer or a huge
+// buffer), one poll every kIdlePoll.
+constexpr auto kSpinTime = std::chrono::microseconds(100);
+constexpr auto kYieldTime = std::chrono::milliseconds(1000);
 constexpr auto kIdlePoll = std::chrono::microseconds(100);
 
 // MPI's process-wide state as kolo sees it. MPI itself is process-global, so
@@ -577,7 +579,8 @@ class MpiCommunicator : public Communicator {
   // reports an error (RuntimeFault).
   void wait(MPI_Request& request, const Deadline& deadline, const char* op) {
     const auto start = Clock::now();
-    for (unsigned polls = 0;; ++polls) {
+    enum class Pace { kSpin, kYield, kIdle } pace = Pace::kSpin;
+    for (unsigned polls = 1;; ++polls) {
       int done = 0;
       int rc;
       {
@@ -586,26 +589,27 @@ class MpiCommunicator : public Communicator {
       }
       if (rc != MPI_SUCCESS) fail(op, rc);
       if (done) return;
-      if ((polls & 15) != 15) {
-        sched_yield();
-        continue;
+      if (polls % 16 == 0) {  // the clock costs more than a poll
+        const auto now = Clock::now();
+        if (deadline.passed(now)) timed_out(op, deadline);
+        const auto waited = now - start;
+        pace = waited > kYieldTime ? Pace::kIdle
+               : waited > kSpinTime ? Pace::kYield
+                                    : Pace::kSpin;
       }
-      const auto now = Clock::now();
-      if (deadline.passed(now)) {
-        // MPI cannot cancel a collective: the request stays pending for good.
-        fault_ = "timed out after " + std::to_string(deadline.timeout().count()) + " ms";
-        throw TimeoutError(std::string("kolo mpi ") + op + " (rank " + std::to_string(rank_) +
-                           " of " + std::to_string(size_) + "): timed out after " +
-                           std::to_string(deadline.timeout().count()) +
-                           " ms; some ranks did not make this call in time (MPI does not "
-                           "say which); the communicator is unusable");
-      }
-      if (now - start > kBusyPollTime) {
-        std::this_thread::sleep_for(kIdlePoll);
-      } else {
-        sched_yield();
-      }
+      if (pace == Pace::kYield) sched_yield();
+      if (pace == Pace::kIdle) std::this_thread::sleep_for(kIdlePoll);
     }
+  }
+
+  [[noreturn]] void timed_out(const char* op, const Deadline& deadline) {
+    // MPI cannot cancel a collective: the request stays pending for good.
+    fault_ = "timed out after " + std::to_string(deadline.timeout().count()) + " ms";
+    throw TimeoutError(std::string("kolo mpi ") + op + " (rank " + std::to_string(rank_) +
+                       " of " + std::to_string(size_) + "): timed out after " +
+                       std::to_string(deadline.timeout().count()) +
+                       " ms; some ranks did not make this call in time (MPI does not say "
+                       "which); the communicator is unusable");
   }
 
   [[noreturn]] void fail(const char* op, int rc) {
