@@ -1,6 +1,7 @@
 // The mpi backend under mpirun: the collective correctness matrix with 1, 2
-// and 4 ranks (4 oversubscribed on this 2-core machine), and a count mismatch
-// that must give every rank a ContractError and a non-zero exit, not a hang.
+// and 4 ranks (4 oversubscribed on this 2-core machine), a count mismatch that
+// must give every rank a ContractError and a non-zero exit, and a late rank
+// that must give every rank a TimeoutError; never a hang.
 // Each run has a watchdog that kills mpirun's whole process group.
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -125,6 +126,22 @@ TEST(MpiBackendMismatchTest, EveryRankGetsContractErrorAndExitsNonZero) {
     EXPECT_NE(result.output.find("rank " + std::to_string(rank) +
                                  ": ContractError: kolo allreduce: count differs across ranks: "
                                  "rank 0 passed 1000, rank 1 passed 999"),
+              std::string::npos)
+        << result.output;
+  }
+}
+
+// A rank that arrives late: every rank's call times out (per-call timeout of
+// 1 s) with TimeoutError instead of hanging, and the job still ends.
+TEST(MpiBackendTimeoutTest, LatePeerGivesTimeoutErrorOnEveryRank) {
+  constexpr int kRanks = 3;
+  const RunResult result = run(mpirun(kRanks, {"--late-peer"}), std::chrono::seconds(60));
+  ASSERT_FALSE(result.timed_out) << "mpirun hung:\n" << result.output;
+  EXPECT_NE(result.exit_code, 0) << result.output;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    EXPECT_NE(result.output.find("rank " + std::to_string(rank) +
+                                 ": TimeoutError: kolo mpi allreduce (rank " +
+                                 std::to_string(rank) + " of 3): timed out after 1000 ms"),
               std::string::npos)
         << result.output;
   }

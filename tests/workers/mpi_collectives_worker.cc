@@ -5,11 +5,14 @@
 //   mpi_collectives_worker             full matrix; prints each mismatch, exit 1 on any
 //   mpi_collectives_worker --mismatch  rank 1 calls allreduce with a different count;
 //                                      every rank prints the ContractError, exit 3
+//   mpi_collectives_worker --late-peer rank 1 calls 2 s late, timeouts are 1 s: every
+//                                      rank prints its TimeoutError, exit 4
 // Exit 2: an unexpected exception (printed).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collective_check.h"
@@ -49,10 +52,28 @@ int run_mismatch(kolo::Communicator& comm) {
   return 3;
 }
 
+// Rank 1 arrives 2 s late with a 1 s timeout on every rank: every rank gets a
+// TimeoutError (rank 1 in the collective after the argument check, which the
+// others abandoned) and the process still exits.
+int run_late_peer(kolo::Communicator& comm) {
+  std::vector<float> data(1000, 1.0f);
+  kolo::AllreduceOptions options;
+  options.timeout = std::chrono::milliseconds(1000);
+  if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+  try {
+    comm.allreduce(data.data(), data.data(), data.size(), kolo::DType::kF32, options);
+    std::printf("rank %d: allreduce with a late peer succeeded\n", comm.rank());
+    return 1;
+  } catch (const kolo::TimeoutError& error) {
+    std::printf("rank %d: TimeoutError: %s\n", comm.rank(), error.what());
+    return 4;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool mismatch = argc > 1 && std::strcmp(argv[1], "--mismatch") == 0;
+  const std::string mode = argc > 1 ? argv[1] : "";
   kolo::CommunicatorOptions options;
   options.rank = env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK");
   options.size = env_int("OMPI_COMM_WORLD_SIZE", "PMI_SIZE");
@@ -63,7 +84,9 @@ int main(int argc, char** argv) {
   }
   try {
     auto comm = kolo::make_communicator("mpi", options);
-    const int code = mismatch ? run_mismatch(*comm) : run_matrix(*comm);
+    const int code = mode == "--mismatch"    ? run_mismatch(*comm)
+                     : mode == "--late-peer" ? run_late_peer(*comm)
+                                             : run_matrix(*comm);
     std::fflush(stdout);
     return code;
   } catch (const std::exception& error) {
