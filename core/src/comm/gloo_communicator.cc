@@ -453,11 +453,16 @@ class StoreAdapter : public gloo::rendezvous::Store {
   milliseconds timeout_;
 };
 
-std::string this_host_name(const Config& config) {
-  if (config.is_set("KOLO_HOSTNAME")) return config.get_string("KOLO_HOSTNAME");
+std::string system_host_name() {
   char name[256] = {};
   if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
   return name;
+}
+
+// The name ranks compare to find out whether they share a host.
+std::string this_host_name(const Config& config) {
+  if (config.is_set("KOLO_HOSTNAME")) return config.get_string("KOLO_HOSTNAME");
+  return system_host_name();
 }
 
 bool is_loopback(const sockaddr* address) {
@@ -763,7 +768,7 @@ class GlooCommunicator : public Communicator {
       attr.iface = iface;
       where = "interface " + iface + " (KOLO_GLOO_IFACE)";
     } else {
-      attr.hostname = all_local ? "127.0.0.1" : reachable_address(host);
+      attr.hostname = all_local ? "127.0.0.1" : reachable_address(system_host_name());
       where = "address " + attr.hostname;
     }
     try {
