@@ -55,7 +55,8 @@ RunResult run(const std::vector<std::string>& argv, std::chrono::seconds timeout
   char chunk[4096];
   bool open = true;
   while (open) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) {
       result.timed_out = true;
       kill(-pid, SIGKILL);
@@ -90,8 +91,7 @@ RunResult run(const std::vector<std::string>& argv, std::chrono::seconds timeout
 }
 
 std::vector<std::string> mpirun(int ranks, const std::vector<std::string>& worker_args) {
-  std::vector<std::string> argv = {KOLO_MPIEXEC, "--oversubscribe", "-np",
-                                   std::to_string(ranks),
+  std::vector<std::string> argv = {KOLO_MPIEXEC, "--oversubscribe", "-np", std::to_string(ranks),
                                    std::string(KOLO_BINARY_DIR) + "/tests/mpi_collectives_worker"};
   argv.insert(argv.end(), worker_args.begin(), worker_args.end());
   return argv;

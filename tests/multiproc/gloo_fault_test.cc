@@ -11,8 +11,8 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -37,14 +37,14 @@ constexpr size_t kMessageBytes = 1024;
 
 // Shared between the parent and the forked ranks (MAP_SHARED, so it survives fork).
 struct SharedState {
-  std::atomic<int> progress[kMaxRanks];  // collectives completed per rank
+  std::atomic<int> progress[kMaxRanks];   // collectives completed per rank
   char result[kMaxRanks][kMessageBytes];  // each rank's verdict, "" = passed
 };
 
 struct RankOutcome {
-  int exit_code = -1;    // -1 when killed by a signal
+  int exit_code = -1;  // -1 when killed by a signal
   int signal = 0;
-  std::string result;    // what the rank wrote into SharedState::result
+  std::string result;  // what the rank wrote into SharedState::result
 };
 
 class TempDir {
@@ -68,13 +68,12 @@ class TempDir {
 // success or a description of what went wrong. `monitor` runs in the parent
 // every few ms while the ranks run (e.g. to kill one). Every rank still alive
 // at `watchdog` is SIGKILLed and reported as such.
-std::vector<RankOutcome> run_ranks(int size,
-                                   const std::function<std::string(int, SharedState&)>& body,
-                                   const std::function<void(const std::vector<pid_t>&,
-                                                            SharedState&)>& monitor,
-                                   milliseconds watchdog) {
-  void* memory = mmap(nullptr, sizeof(SharedState), PROT_READ | PROT_WRITE,
-                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+std::vector<RankOutcome> run_ranks(
+    int size, const std::function<std::string(int, SharedState&)>& body,
+    const std::function<void(const std::vector<pid_t>&, SharedState&)>& monitor,
+    milliseconds watchdog) {
+  void* memory =
+      mmap(nullptr, sizeof(SharedState), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (memory == MAP_FAILED) throw std::runtime_error("mmap failed");
   auto* state = new (memory) SharedState();
   for (auto& p : state->progress) p = 0;
@@ -273,8 +272,7 @@ TEST(GlooFaultTest, MismatchedArgumentsGiveContractErrorOnEveryRank) {
           }
         }
         try {
-          comm->allgather(data.data(), data.data(), 10, rank == 2 ? DType::kI32 : DType::kF32,
-                          {});
+          comm->allgather(data.data(), data.data(), 10, rank == 2 ? DType::kI32 : DType::kF32, {});
           return "dtype mismatch not detected";
         } catch (const ContractError& error) {
           const std::string text = error.what();

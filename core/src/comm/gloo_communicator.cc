@@ -22,6 +22,7 @@
 // waiting for its timeout. A rank that sees P close reads P's report (P writes
 // it before closing) and names the rank P blamed: every survivor names the
 // rank that actually died. The communicator is unusable afterwards.
+#include <arpa/inet.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
@@ -34,15 +35,14 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <arpa/inet.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <sstream>
-#include <cctype>
-#include <mutex>
 #include <thread>
 
 #include "comm/backends.h"
@@ -473,8 +473,7 @@ bool is_loopback(const sockaddr* address) {
 
 std::string ipv4_text(const sockaddr* address) {
   char text[INET_ADDRSTRLEN] = {};
-  inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(address)->sin_addr, text,
-            sizeof(text));
+  inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(address)->sin_addr, text, sizeof(text));
   return text;
 }
 
@@ -641,11 +640,9 @@ class GlooCommunicator : public Communicator {
       const size_t bytes = count * dtype_size(dtype);
       if (bytes == 0 || size_ == 1) return;
       if (bytes <= kTreeBroadcastBytes || size_ == 2) {
-        tree_broadcast(static_cast<uint8_t*>(buffer), bytes, options.root, slot(seq, 1),
-                       deadline);
+        tree_broadcast(static_cast<uint8_t*>(buffer), bytes, options.root, slot(seq, 1), deadline);
       } else {
-        chain_broadcast(static_cast<uint8_t*>(buffer), bytes, options.root, slot(seq, 1),
-                        deadline);
+        chain_broadcast(static_cast<uint8_t*>(buffer), bytes, options.root, slot(seq, 1), deadline);
       }
     });
   }
@@ -694,8 +691,9 @@ class GlooCommunicator : public Communicator {
     check_local_args(CollectiveKind::kAlltoallv, size_, send_total > 0 ? in : out, out,
                      std::max(send_total, recv_total), nullptr, 0);
     if (send_total > 0 && recv_total > 0 && in == out) {
-      throw ContractError("kolo alltoallv: in and out are the same buffer; alltoallv has no "
-                          "in-place form, pass a separate output buffer");
+      throw ContractError(
+          "kolo alltoallv: in and out are the same buffer; alltoallv has no "
+          "in-place form, pass a separate output buffer");
     }
     CallSignature sig = plain_signature(CollectiveKind::kAlltoallv, 0, dtype);
     run(sig, options.timeout, [&](uint64_t seq, const Deadline& deadline) {
@@ -731,10 +729,13 @@ class GlooCommunicator : public Communicator {
 
   void connect() {
     if (!store_) {
-      throw ContractError("kolo make_communicator(gloo): options.store is null; the gloo backend "
-                          "of a " + std::to_string(size_) + "-rank world needs a rendezvous "
-                          "store (kolorun serves one; tests use make_memory_store or "
-                          "make_file_store)");
+      throw ContractError(
+          "kolo make_communicator(gloo): options.store is null; the gloo backend "
+          "of a " +
+          std::to_string(size_) +
+          "-rank world needs a rendezvous "
+          "store (kolorun serves one; tests use make_memory_store or "
+          "make_file_store)");
     }
     const Config config = Config::load(process_env());
     const std::string iface = config.get_string("KOLO_GLOO_IFACE");
@@ -787,7 +788,8 @@ class GlooCommunicator : public Communicator {
       context_->connectFullMesh(adapter, device_);
     } catch (const TimeoutError& error) {
       throw TimeoutError(std::string("kolo make_communicator(gloo): connecting the full mesh "
-                                     "timed out: ") + error.what());
+                                     "timed out: ") +
+                         error.what());
     } catch (const Error&) {
       throw;
     } catch (const std::exception& error) {
@@ -875,8 +877,10 @@ class GlooCommunicator : public Communicator {
   void run(CallSignature sig, milliseconds timeout, Body&& body) {
     const char* op = collective_name(sig.kind);
     if (!fault_.empty()) {
-      throw RuntimeFault(std::string("kolo gloo ") + op + ": the communicator is unusable after "
-                         "an earlier fault (" + fault_ + "); destroy it and build a new one",
+      throw RuntimeFault(std::string("kolo gloo ") + op +
+                             ": the communicator is unusable after "
+                             "an earlier fault (" +
+                             fault_ + "); destroy it and build a new one",
                          fault_ranks_);
     }
     const uint64_t sequence = sequence_++;
@@ -895,14 +899,12 @@ class GlooCommunicator : public Communicator {
     }
   }
 
-  [[noreturn]] void handle_fault(const char* op, const PeerError& error,
-                                 const Deadline& deadline) {
+  [[noreturn]] void handle_fault(const char* op, const PeerError& error, const Deadline& deadline) {
     std::string message = std::string("kolo gloo ") + op + " (rank " + std::to_string(rank_) +
                           " of " + std::to_string(size_) + "): ";
     // The monitor knows which connection broke; the waited-on peer may be fine.
-    const int suspect = error.timed_out || monitor_->broken_peer() < 0
-                            ? error.peer
-                            : monitor_->broken_peer();
+    const int suspect =
+        error.timed_out || monitor_->broken_peer() < 0 ? error.peer : monitor_->broken_peer();
     FaultReport cause;
     cause.timed_out = error.timed_out;
     cause.ranks = {suspect};
@@ -986,8 +988,7 @@ class GlooCommunicator : public Communicator {
   // Small allreduce: every rank gathers all inputs and reduces them in rank
   // order with reduce_inputs, exactly as the shm and threads backends do.
   void direct_allreduce(const void* in, void* out, size_t count, DType dtype,
-                        const AllreduceOptions& options, uint64_t slot,
-                        const Deadline& deadline) {
+                        const AllreduceOptions& options, uint64_t slot, const Deadline& deadline) {
     const size_t bytes = count * dtype_size(dtype);
     uint8_t* gathered = work_.get(size_ * bytes);
     if (size_ > 1) {
@@ -1049,8 +1050,8 @@ class GlooCommunicator : public Communicator {
     for (size_t i = 0; i < recvs.size(); ++i) {
       const Segment& s = recvs[i];
       from_left.wait_recv(deadline);
-      reduce_pair(work + s.offset_bytes, inbox + (i % kRecvWindow) * seg,
-                  s.bytes / element_bytes, wire, op);
+      reduce_pair(work + s.offset_bytes, inbox + (i % kRecvWindow) * seg, s.bytes / element_bytes,
+                  wire, op);
       // The block reduced at step s is the one sent at step s+1.
       if (s.step < size_ - 2) to_right.post_send(s.offset_bytes, s.bytes);
       if (i + kRecvWindow < recvs.size()) {
@@ -1064,8 +1065,8 @@ class GlooCommunicator : public Communicator {
   // s rank r forwards block r-s to r+1 and receives block r-s-1 from r-1.
   // Receives go straight to their final place, so all are posted up front and
   // each arriving segment is forwarded at once.
-  void ring_allgather(uint8_t* buffer, const Blocks& blocks, size_t element_bytes,
-                      uint64_t slot, const Deadline& deadline) {
+  void ring_allgather(uint8_t* buffer, const Blocks& blocks, size_t element_bytes, uint64_t slot,
+                      const Deadline& deadline) {
     if (size_ == 1) return;
     const int right = static_cast<int>(mod(rank_ + 1, size_));
     const int left = static_cast<int>(mod(rank_ - 1, size_));
@@ -1094,8 +1095,8 @@ class GlooCommunicator : public Communicator {
     size_t mask = 1;
     while (mask < static_cast<size_t>(size_)) {
       if ((vrank & mask) != 0) {
-        Channel parent(link(), static_cast<int>(mod(vrank - mask + root, size_)), buffer,
-                       bytes, slot);
+        Channel parent(link(), static_cast<int>(mod(vrank - mask + root, size_)), buffer, bytes,
+                       slot);
         parent.post_recv(0, bytes);
         parent.drain(deadline);
         break;
@@ -1105,8 +1106,8 @@ class GlooCommunicator : public Communicator {
     std::vector<Channel> children;
     for (mask >>= 1; mask > 0; mask >>= 1) {
       if (vrank + mask < static_cast<size_t>(size_)) {
-        children.emplace_back(link(), static_cast<int>(mod(vrank + mask + root, size_)),
-                              buffer, bytes, slot);
+        children.emplace_back(link(), static_cast<int>(mod(vrank + mask + root, size_)), buffer,
+                              bytes, slot);
         children.back().post_send(0, bytes);
       }
     }
@@ -1121,10 +1122,10 @@ class GlooCommunicator : public Communicator {
     const bool has_next = vrank + 1 < static_cast<size_t>(size_);
     std::optional<Channel> from_prev;
     std::optional<Channel> to_next;
-    if (vrank > 0) from_prev.emplace(link(), static_cast<int>(mod(rank_ - 1, size_)), buffer,
-                                     bytes, slot);
-    if (has_next) to_next.emplace(link(), static_cast<int>(mod(rank_ + 1, size_)), buffer,
-                                  bytes, slot);
+    if (vrank > 0)
+      from_prev.emplace(link(), static_cast<int>(mod(rank_ - 1, size_)), buffer, bytes, slot);
+    if (has_next)
+      to_next.emplace(link(), static_cast<int>(mod(rank_ + 1, size_)), buffer, bytes, slot);
     const size_t seg = kSegmentBytes;
     for (size_t at = 0; at < bytes; at += seg) {
       const size_t length = std::min(seg, bytes - at);
@@ -1160,8 +1161,7 @@ class GlooCommunicator : public Communicator {
     }
     if (recv_counts[rank_] > 0) {
       std::memcpy(result + recvs.offset[rank_] * element_bytes,
-                  source + sends.offset[rank_] * element_bytes,
-                  recv_counts[rank_] * element_bytes);
+                  source + sends.offset[rank_] * element_bytes, recv_counts[rank_] * element_bytes);
     }
     std::vector<Channel> channels;
     channels.reserve(2 * size_);

@@ -60,8 +60,8 @@ constexpr auto kIdlePoll = std::chrono::microseconds(100);
 // MPI's process-wide state as kolo sees it. MPI itself is process-global, so
 // this is too (function-local static, created on first use).
 struct MpiProcess {
-  std::mutex mutex;           // guards initialisation
-  std::mutex call_mutex;      // serialises MPI calls below MPI_THREAD_MULTIPLE
+  std::mutex mutex;       // guards initialisation
+  std::mutex call_mutex;  // serialises MPI calls below MPI_THREAD_MULTIPLE
   bool serialize_calls = false;
 };
 
@@ -125,8 +125,9 @@ void ensure_mpi_initialized() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) {
-    throw ContractError("kolo make_communicator(mpi): MPI has already been finalized in this "
-                        "process; build kolo's MPI communicators before MPI_Finalize");
+    throw ContractError(
+        "kolo make_communicator(mpi): MPI has already been finalized in this "
+        "process; build kolo's MPI communicators before MPI_Finalize");
   }
   int initialized = 0;
   MPI_Initialized(&initialized);
@@ -195,8 +196,7 @@ MPI_Op mpi_op(ReduceOp op) {
     case ReduceOp::kProduct:
       return MPI_PROD;
   }
-  throw ContractError("kolo mpi: invalid reduce op value " +
-                      std::to_string(static_cast<int>(op)));
+  throw ContractError("kolo mpi: invalid reduce op value " + std::to_string(static_cast<int>(op)));
 }
 
 // MPI has no 16-bit float ops: f16/bf16 are always reduced as f32.
@@ -293,8 +293,8 @@ class MpiCommunicator : public Communicator {
           " and options.size=" + std::to_string(size_) + " but this process is rank " +
           std::to_string(world_rank) + " of an MPI world of " + std::to_string(world_size) +
           ". The mpi backend spans MPI_COMM_WORLD: pass its rank and size (kolo::init does), "
-          "launch with mpirun -np " + std::to_string(size_) +
-          ", or use the shm or gloo backend for a subset of ranks.");
+          "launch with mpirun -np " +
+          std::to_string(size_) + ", or use the shm or gloo backend for a subset of ranks.");
     }
     MPI_Request request = MPI_REQUEST_NULL;
     int rc;
@@ -341,9 +341,8 @@ class MpiCommunicator : public Communicator {
             const size_t offset = done * wire_bytes;
             start_and_wait(deadline, "allreduce", [&](MPI_Request* request) {
               return MPI_Iallreduce(
-                  in_place ? MPI_IN_PLACE : static_cast<const uint8_t*>(in) + offset,
-                  work + offset, chunk, mpi_type(plan.wire), mpi_op(plan.wire_op), comm_,
-                  request);
+                  in_place ? MPI_IN_PLACE : static_cast<const uint8_t*>(in) + offset, work + offset,
+                  chunk, mpi_type(plan.wire), mpi_op(plan.wire_op), comm_, request);
             });
           }
           stage_out(plan, options, work, out, count, size_);
@@ -411,8 +410,8 @@ class MpiCommunicator : public Communicator {
   void reducescatter(const void* in, void* out, size_t count, DType dtype,
                      const AllreduceOptions& options) override {
     check_local_args(CollectiveKind::kReducescatter, size_, in, out, count, &options, 0);
-    run(reduce_signature(CollectiveKind::kReducescatter, count, dtype, options),
-        options.timeout, [&](const Deadline& deadline) {
+    run(reduce_signature(CollectiveKind::kReducescatter, count, dtype, options), options.timeout,
+        [&](const Deadline& deadline) {
           if (count == 0) return;
           check_fits(count, "reducescatter");
           const ReductionPlan plan = mpi_plan(dtype, options);
@@ -474,8 +473,9 @@ class MpiCommunicator : public Communicator {
     check_local_args(CollectiveKind::kAlltoallv, size_, send_total > 0 ? in : out, out,
                      std::max(send_total, recv_total), nullptr, 0);
     if (send_total > 0 && recv_total > 0 && in == out) {
-      throw ContractError("kolo alltoallv: in and out are the same buffer; alltoallv has no "
-                          "in-place form, pass a separate output buffer");
+      throw ContractError(
+          "kolo alltoallv: in and out are the same buffer; alltoallv has no "
+          "in-place form, pass a separate output buffer");
     }
     const std::vector<int> sends = int_counts(send_counts, "alltoallv", "send_counts");
     const std::vector<int> recvs = int_counts(recv_counts, "alltoallv", "recv_counts");
@@ -486,8 +486,8 @@ class MpiCommunicator : public Communicator {
           const std::vector<int> recv_offsets = displacements(recvs);
           const MPI_Datatype type = mpi_type(dtype);
           start_and_wait(deadline, "alltoallv", [&](MPI_Request* request) {
-            return MPI_Ialltoallv(in, sends.data(), send_offsets.data(), type, out,
-                                  recvs.data(), recv_offsets.data(), type, comm_, request);
+            return MPI_Ialltoallv(in, sends.data(), send_offsets.data(), type, out, recvs.data(),
+                                  recv_offsets.data(), type, comm_, request);
           });
         });
   }
@@ -524,8 +524,10 @@ class MpiCommunicator : public Communicator {
   void run(CallSignature sig, milliseconds timeout, Body&& body) {
     const char* op = collective_name(sig.kind);
     if (!fault_.empty()) {
-      throw RuntimeFault(std::string("kolo mpi ") + op + ": the communicator is unusable after "
-                         "an earlier fault (" + fault_ + "); destroy it and build a new one");
+      throw RuntimeFault(std::string("kolo mpi ") + op +
+                         ": the communicator is unusable after "
+                         "an earlier fault (" +
+                         fault_ + "); destroy it and build a new one");
     }
     sig.sequence = sequence_++;
     const Deadline deadline(timeout.count() > 0 ? timeout : default_timeout_);
@@ -593,9 +595,7 @@ class MpiCommunicator : public Communicator {
         const auto now = Clock::now();
         if (deadline.passed(now)) timed_out(op, deadline);
         const auto waited = now - start;
-        pace = waited > kYieldTime ? Pace::kIdle
-               : waited > kSpinTime ? Pace::kYield
-                                    : Pace::kSpin;
+        pace = waited > kYieldTime ? Pace::kIdle : waited > kSpinTime ? Pace::kYield : Pace::kSpin;
       }
       if (pace == Pace::kYield) sched_yield();
       if (pace == Pace::kIdle) std::this_thread::sleep_for(kIdlePoll);
@@ -605,8 +605,8 @@ class MpiCommunicator : public Communicator {
   [[noreturn]] void timed_out(const char* op, const Deadline& deadline) {
     // MPI cannot cancel a collective: the request stays pending for good.
     fault_ = "timed out after " + std::to_string(deadline.timeout().count()) + " ms";
-    throw TimeoutError(std::string("kolo mpi ") + op + " (rank " + std::to_string(rank_) +
-                       " of " + std::to_string(size_) + "): timed out after " +
+    throw TimeoutError(std::string("kolo mpi ") + op + " (rank " + std::to_string(rank_) + " of " +
+                       std::to_string(size_) + "): timed out after " +
                        std::to_string(deadline.timeout().count()) +
                        " ms; some ranks did not make this call in time (MPI does not say "
                        "which); the communicator is unusable");
@@ -614,9 +614,8 @@ class MpiCommunicator : public Communicator {
 
   [[noreturn]] void fail(const char* op, int rc) {
     fault_ = mpi_error_text(rc);
-    throw RuntimeFault(std::string("kolo mpi ") + op + " (rank " + std::to_string(rank_) +
-                       " of " + std::to_string(size_) + "): " + fault_ +
-                       "; the communicator is unusable");
+    throw RuntimeFault(std::string("kolo mpi ") + op + " (rank " + std::to_string(rank_) + " of " +
+                       std::to_string(size_) + "): " + fault_ + "; the communicator is unusable");
   }
 
   const int rank_;

@@ -19,11 +19,11 @@
 namespace kolo::detail {
 
 struct ReductionPlan {
-  DType dtype;      // caller's element type
-  DType wire;       // type reduced between ranks (== dtype when not staged)
-  ReduceOp wire_op; // op applied pairwise on the wire (average runs as sum)
-  bool staged;      // wire != dtype: input converted into a wire-typed buffer
-  bool scaled;      // prescale, postscale or average apply
+  DType dtype;       // caller's element type
+  DType wire;        // type reduced between ranks (== dtype when not staged)
+  ReduceOp wire_op;  // op applied pairwise on the wire (average runs as sum)
+  bool staged;       // wire != dtype: input converted into a wire-typed buffer
+  bool scaled;       // prescale, postscale or average apply
 };
 
 ReductionPlan plan_reduction(DType dtype, const AllreduceOptions& options);
