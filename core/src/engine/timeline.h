@@ -8,7 +8,12 @@
 // the phases below, plus instant events marking cycles. The file is valid JSON
 // after a normal shutdown (the destructor writes the closing bracket) and after
 // an error shutdown (every flush leaves the file as a valid array: the writer
-// rewrites the trailing "]" after each batch).
+// rewrites the trailing "]" after each batch). Timestamps ("ts") are in
+// microseconds since the Timeline was built; pid is the rank, tid 0 the
+// engine's row ("engine"), tids 1.. the tensors in order of first appearance,
+// each named by a thread_name metadata event. The writer keeps every row's B/E
+// strictly nested: an end closes phases still open inside it, an end with no
+// matching begin is dropped.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +48,8 @@ class Timeline {
   // An instant event on the engine's own row ("CYCLE_START"), with optional args.
   void mark(const std::string& label, const std::string& args_json = "");
   // Forces the queued events to the file (tests; the destructor also does it).
+  // Throws RuntimeFault naming the path if a write failed (the timeline stops
+  // writing after its first failure; recording calls never throw for it).
   void flush();
 
  private:
