@@ -1,0 +1,40 @@
+// The shared state behind a Handle (internal).
+//
+// One HandleState per request. The submitting thread keeps a Handle (a
+// shared_ptr to it); the engine thread completes it exactly once with
+// complete(). Callbacks registered before completion run on the engine thread
+// inside complete(), after the state is published; callbacks registered after
+// completion run at once on the registering thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kolo/core/engine.h"
+
+namespace kolo::detail {
+
+struct HandleState {
+  std::mutex mutex;
+  std::condition_variable finished;
+  bool done = false;
+  std::exception_ptr error;
+  std::vector<std::function<void(std::exception_ptr)>> callbacks;
+  // Results, written by the engine thread before complete().
+  std::vector<int64_t> received_splits;  // allgather rows per rank / alltoall rows from each rank
+  TensorView output;                     // allocated output (allgather, alltoall)
+  int64_t value = 0;                     // scalar result (join: the last rank to join)
+
+  // Marks the request finished (error = null on success), wakes waiters and
+  // runs the pending callbacks. Returns the messages of callbacks that threw
+  // (they are swallowed so the engine thread survives; the engine logs them).
+  std::vector<std::string> complete(std::exception_ptr error);
+  bool is_done();
+};
+
+}  // namespace kolo::detail
