@@ -1,6 +1,7 @@
 // kolo-bench: measurement programs that print tables (never timed tests).
 //
 //   kolorun -np 2 kolo-bench collectives [--max-bytes 67108864] [--json] [--docs docs/benchmarks.md]
+//   kolorun -np 2 kolo-bench engine [--json] [--docs docs/benchmarks.md] [--timeline t.json]
 //
 // Each mode is one subcommand in its own file; every mode prints a table,
 // prints JSON rows with --json, and with --docs rewrites its own section of
@@ -10,6 +11,7 @@
 #include <iostream>
 
 #include "collectives_bench.h"
+#include "engine_bench.h"
 #include "kolo/core/errors.h"
 
 int main(int argc, char** argv) {
@@ -44,8 +46,38 @@ int main(int argc, char** argv) {
   sub->add_option("--warmup", collectives.timing.warmup, "untimed calls first")
       ->check(CLI::NonNegativeNumber);
 
+  kolo::bench::EngineBenchOptions engine;
+  engine.command_line = "kolorun -np N " + command_line;
+  auto* engine_sub = app.add_subcommand(
+      "engine",
+      "engine step time for a ResNet-50-like gradient set and 1000 small tensors: fused, "
+      "unfused, and one single-buffer allreduce of the same bytes");
+  engine_sub->add_option("--workloads", engine.workloads, "gradient sets to measure")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"resnet50", "small"}));
+  engine_sub->add_option("--small-tensors", engine.small_tensors, "tensors in the small set")
+      ->check(CLI::PositiveNumber);
+  engine_sub->add_option("--small-bytes", engine.small_tensor_bytes, "bytes per small tensor")
+      ->check(CLI::PositiveNumber);
+  engine_sub->add_flag("--json", engine.json, "one JSON object per row instead of the table");
+  engine_sub->add_option("--docs", engine.docs_path,
+                         "rewrite the engine section of this markdown file");
+  engine_sub->add_option("--timeline", engine.timeline_path,
+                         "after measuring, rank 0 records a timeline of a few fused steps here");
+  engine_sub->add_option("--timeline-steps", engine.timeline_steps,
+                         "steps of each workload in the timeline")
+      ->check(CLI::PositiveNumber);
+  engine_sub->add_option("--repeats", engine.timing.repeats, "timed steps (median)")
+      ->check(CLI::PositiveNumber);
+  engine_sub->add_option("--warmup", engine.timing.warmup, "untimed steps first")
+      ->check(CLI::NonNegativeNumber);
+
   CLI11_PARSE(app, argc, argv);
   try {
+    if (*engine_sub) {
+      if (std::getenv("OMPI_COMM_WORLD_SIZE")) engine.command_line = "mpirun -np N " + command_line;
+      return kolo::bench::run_engine_bench(engine);
+    }
     if (*sub) {
       if (collectives.command_line.find("--backend") == std::string::npos &&
           std::getenv("OMPI_COMM_WORLD_SIZE"))
