@@ -38,6 +38,33 @@ const std::vector<ConfigVar>& config_registry() {
       {"KOLO_GLOO_IFACE", ConfigType::kString, "", "",
        "gloo: network interface to bind (e.g. eth0). Default: the address of this host's name, "
        "or loopback when all ranks are local."},
+      // --- Engine (asynchronous named collectives) ---
+      {"KOLO_CYCLE_TIME_MS", ConfigType::kDouble, "1", "",
+       "Engine: milliseconds between negotiation cycles of the background thread (>= 0; 0 = no "
+       "sleep, lowest latency). Longer cycles collect more tensors per fused collective."},
+      {"KOLO_FUSION_THRESHOLD_BYTES", ConfigType::kInt, "67108864", "",
+       "Engine: largest fused collective in bytes; ready tensors of one dtype and op are packed "
+       "into one buffer up to this size (0 = no fusion)."},
+      {"KOLO_CACHE_CAPACITY", ConfigType::kInt, "1024", "",
+       "Engine: responses remembered by name, so that steady-state steps agree through one "
+       "small bit-vector allreduce instead of exchanging request lists (0 = no cache)."},
+      {"KOLO_STALL_WARNING_SECONDS", ConfigType::kDouble, "60", "",
+       "Engine: rank 0 warns about tensors that some ranks submitted and others did not for this "
+       "long, naming the missing ranks (> 0)."},
+      {"KOLO_STALL_SHUTDOWN_SECONDS", ConfigType::kDouble, "600", "",
+       "Engine: after this long such tensors fail on every rank with a RuntimeFault naming the "
+       "missing ranks (0 = wait forever)."},
+      {"KOLO_TIMELINE", ConfigType::kString, "", "",
+       "Engine: write a Chrome-trace timeline (Perfetto, chrome://tracing) of rank 0's requests "
+       "to this path."},
+      {"KOLO_TIMELINE_ALL_RANKS", ConfigType::kBool, "0", "",
+       "Engine: every rank writes its own timeline, KOLO_TIMELINE with '.json' replaced by "
+       "'.rank<N>.json'."},
+      {"KOLO_AUTOTUNE", ConfigType::kBool, "0", "",
+       "Engine: search the fusion threshold and cycle time during the first steps and keep the "
+       "fastest (rank 0 decides; all ranks switch together)."},
+      {"KOLO_AUTOTUNE_LOG", ConfigType::kString, "", "",
+       "Engine: CSV file for the autotuner's trials (default: trials are logged to stderr)."},
       // --- Diagnostics ---
       {"KOLO_LOG_LEVEL", ConfigType::kChoice, "warning", "error|warning|info|debug",
        "Least severe message that kolo prints to stderr."},

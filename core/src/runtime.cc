@@ -180,6 +180,8 @@ Runtime::Runtime(const InitOptions& options) {
   comm.timeout = timeout;
   comm.check_args = config_.get_bool("KOLO_CHECK_ARGS");
   world_ = make_communicator(backend, comm);
+  backend_ = backend;
+  world_options_ = comm;
   if (world_->rank() != topology_.rank || world_->size() != topology_.size) {
     throw ContractError("kolo::init: backend '" + backend + "' reports rank " +
                         std::to_string(world_->rank()) + " of " + std::to_string(world_->size()) +
@@ -208,8 +210,12 @@ Runtime::Runtime(const InitOptions& options) {
               topology_.job_id);
 }
 
-Runtime::Runtime(std::unique_ptr<Communicator> world, Config config)
-    : config_(std::move(config)), world_(std::move(world)) {
+Runtime::Runtime(std::unique_ptr<Communicator> world, Config config,
+                 std::unique_ptr<Communicator> engine_comm, CommunicatorFactory engine_factory)
+    : config_(std::move(config)),
+      world_(std::move(world)),
+      engine_comm_(std::move(engine_comm)),
+      engine_factory_(std::move(engine_factory)) {
   if (!world_) {
     throw ContractError(
         "kolo::Runtime: the world communicator is null; build one with "
@@ -229,6 +235,10 @@ Runtime::Runtime(std::unique_ptr<Communicator> world, Config config)
 Runtime::~Runtime() {
   const detail::Logger logger = detail::Logger::from_config(config_, topology_.rank);
   try {
+    // The engine first: its thread stops together with the other ranks'
+    // engines, then its communicators go; the world communicator after it.
+    engine_.reset();
+    engine_comm_.reset();
     world_.reset();
     if (store_ && topology_.size > 1) {
       // Rank 0 serves the store under torchrun-style launch: it keeps serving
@@ -248,6 +258,54 @@ Runtime::~Runtime() {
   }
   store_.reset();
   store_server_.reset();
+}
+
+Engine& Runtime::engine() {
+  std::lock_guard<std::mutex> lock(engine_mutex_);
+  if (engine_) return *engine_;
+  const EngineOptions options = EngineOptions::from_config(config_);
+  if (backend_.empty()) {
+    // Ranks as threads: the caller handed the engine's communicator in.
+    if (!engine_comm_) {
+      throw ContractError(
+          "kolo::Runtime::engine: this ranks-as-threads runtime was built without an engine "
+          "communicator; pass a second communicator of the same world (e.g. from another "
+          "make_thread_communicators() call) to the Runtime constructor");
+    }
+    engine_ = std::make_unique<Engine>(std::move(engine_comm_), engine_factory_, options);
+    return *engine_;
+  }
+  CommunicatorOptions engine_options = world_options_;
+  engine_options.prefix = world_options_.prefix + "/engine";
+  engine_options.check_args = false;
+  auto comm = make_communicator(backend_, engine_options);
+  // Process sets: members build a communicator of their own under a prefix
+  // no other set uses (ids are never reused within one engine).
+  const std::string backend = backend_;
+  const CommunicatorOptions base = engine_options;
+  const int world_rank = topology_.rank;
+  const int world_size = topology_.size;
+  CommunicatorFactory factory = [backend, base, world_rank, world_size](
+                                    const std::vector<int>& ranks, int set_id) {
+    auto pos = std::find(ranks.begin(), ranks.end(), world_rank);
+    if (pos == ranks.end()) {
+      throw ContractError("kolo process set " + std::to_string(set_id) +
+                          ": this rank is not a member");
+    }
+    if (backend == "mpi" && static_cast<int>(ranks.size()) != world_size) {
+      throw ContractError(
+          "kolo process set " + std::to_string(set_id) +
+          ": the mpi backend cannot build a communicator of a subset of the ranks yet; use the "
+          "shm or gloo backend for process sets");
+    }
+    CommunicatorOptions o = base;
+    o.rank = static_cast<int>(pos - ranks.begin());
+    o.size = static_cast<int>(ranks.size());
+    o.prefix = base.prefix + "/set" + std::to_string(set_id);
+    return make_communicator(backend, o);
+  };
+  engine_ = std::make_unique<Engine>(std::move(comm), std::move(factory), options);
+  return *engine_;
 }
 
 // ---- process-wide default runtime ----

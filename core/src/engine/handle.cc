@@ -21,25 +21,32 @@ size_t TensorView::bytes() const {
 namespace detail {
 
 std::vector<std::string> HandleState::complete(std::exception_ptr failure) {
-  std::vector<std::function<void(std::exception_ptr)>> to_run;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (done) return {};
-    done = true;
-    error = failure;
-    to_run.swap(callbacks);
-  }
-  finished.notify_all();
   std::vector<std::string> callback_errors;
-  for (auto& callback : to_run) {
-    try {
-      callback(failure);
-    } catch (const std::exception& e) {
-      callback_errors.push_back(e.what());
-    } catch (...) {
-      callback_errors.push_back("unknown exception");
+  std::unique_lock<std::mutex> lock(mutex);
+  if (done || completing) return callback_errors;
+  completing = true;
+  error = failure;
+  // Callbacks run before the request counts as finished, so that whatever
+  // they do (copy results out, release buffers) is visible after wait().
+  // Callbacks registered meanwhile join the list and run in this loop.
+  while (!callbacks.empty()) {
+    std::vector<std::function<void(std::exception_ptr)>> to_run;
+    to_run.swap(callbacks);
+    lock.unlock();
+    for (auto& callback : to_run) {
+      try {
+        callback(failure);
+      } catch (const std::exception& e) {
+        callback_errors.push_back(e.what());
+      } catch (...) {
+        callback_errors.push_back("unknown exception");
+      }
     }
+    lock.lock();
   }
+  done = true;
+  lock.unlock();
+  finished.notify_all();
   return callback_errors;
 }
 

@@ -3,7 +3,9 @@
 // One HandleState per request. The submitting thread keeps a Handle (a
 // shared_ptr to it); the engine thread completes it exactly once with
 // complete(). Callbacks registered before completion run on the engine thread
-// inside complete(), after the state is published; callbacks registered after
+// inside complete(), before the request counts as finished: once wait()
+// returns or poll() says true, every such callback has returned (so a
+// callback must not wait on its own handle). Callbacks registered after
 // completion run at once on the registering thread.
 #pragma once
 
@@ -23,6 +25,7 @@ struct HandleState {
   std::mutex mutex;
   std::condition_variable finished;
   bool done = false;
+  bool completing = false;  // complete() is running the callbacks
   std::exception_ptr error;
   std::vector<std::function<void(std::exception_ptr)>> callbacks;
   // Results, written by the engine thread before complete().

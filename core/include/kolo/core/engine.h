@@ -62,6 +62,8 @@ class Handle {
   void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds::max()) const;
   // Runs `callback` once the request finished, with nullptr on success or the
   // error. Runs on the engine thread, or at once on this thread if finished.
+  // wait() and poll() report the request finished only after such callbacks
+  // have returned (so a callback must not wait on its own handle).
   void on_complete(std::function<void(std::exception_ptr)> callback) const;
   // Rows received from each rank (alltoall) or contributed by each rank
   // (allgather); valid after success.
@@ -93,6 +95,7 @@ struct EngineOptions {
   bool timeline_all_ranks = false;            // KOLO_TIMELINE_ALL_RANKS: path.rank<N>.json
   bool autotune = false;                      // KOLO_AUTOTUNE
   std::string autotune_log;                   // KOLO_AUTOTUNE_LOG; "" = stderr only
+  std::string log_level = "warning";          // KOLO_LOG_LEVEL (stall warnings, faults)
 
   static EngineOptions from_config(const Config& config);
 };

@@ -10,11 +10,13 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
 #include "kolo/core/communicator.h"
 #include "kolo/core/config.h"
+#include "kolo/core/engine.h"
 #include "kolo/core/store.h"
 #include "kolo/core/topology.h"
 
@@ -37,7 +39,12 @@ class Runtime {
   // the world communicator. Throws ContractError / RuntimeFault.
   explicit Runtime(const InitOptions& options = {});
   // Ranks as threads: wraps an existing communicator (no store, no env).
-  Runtime(std::unique_ptr<Communicator> world, Config config);
+  // `engine_comm` (a second communicator of the same ranks, used only by the
+  // engine's thread) and `engine_factory` (process-set communicators) enable
+  // engine(); without engine_comm, engine() is a ContractError.
+  Runtime(std::unique_ptr<Communicator> world, Config config,
+          std::unique_ptr<Communicator> engine_comm = nullptr,
+          CommunicatorFactory engine_factory = nullptr);
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -48,12 +55,28 @@ class Runtime {
   // Null for ranks-as-threads runtimes and for mpi without a store.
   const std::shared_ptr<Store>& store() const { return store_; }
 
+  // The engine (engine.h), created on first use by any thread (every rank
+  // must use it: creating it is collective). It runs on its own communicator,
+  // built like world()'s (same backend, store prefix "<world prefix>/engine",
+  // no per-call argument checks: the engine validates requests itself), so
+  // world() stays the caller's alone; process-set communicators are built the
+  // same way under "<world prefix>/engine/set<id>". Settings come from
+  // config() (KOLO_CYCLE_TIME_MS ...). Destroyed before the world communicator.
+  Engine& engine();
+
  private:
   Config config_;
   Topology topology_;
   std::unique_ptr<TcpStoreServer> store_server_;  // torchrun-style rank 0 only
   std::shared_ptr<Store> store_;
   std::unique_ptr<Communicator> world_;
+  // Everything needed to build the engine's communicators.
+  std::string backend_;
+  CommunicatorOptions world_options_;
+  std::unique_ptr<Communicator> engine_comm_;  // ranks as threads: handed in
+  CommunicatorFactory engine_factory_;         // ranks as threads: handed in
+  std::mutex engine_mutex_;
+  std::unique_ptr<Engine> engine_;  // declared last: destroyed first
 };
 
 // Process-wide default runtime (Horovod-style API). init() twice without

@@ -1,0 +1,24 @@
+#include "engine/fusion_buffer.h"
+
+#include <cstdlib>
+#include <new>
+
+namespace kolo::detail {
+
+void FusionBuffer::Free::operator()(uint8_t* p) const { std::free(p); }
+
+uint8_t* FusionBuffer::get(size_t bytes) {
+  if (bytes <= capacity_ && data_) return data_.get();
+  // Grow by at least 1.5x so a slowly growing batch does not reallocate every step.
+  size_t want = capacity_ + capacity_ / 2;
+  if (want < bytes) want = bytes;
+  want = (want + 63) / 64 * 64;
+  if (want == 0) want = 64;
+  void* p = std::aligned_alloc(64, want);
+  if (p == nullptr) throw std::bad_alloc();
+  data_.reset(static_cast<uint8_t*>(p));
+  capacity_ = want;
+  return data_.get();
+}
+
+}  // namespace kolo::detail

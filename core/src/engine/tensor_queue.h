@@ -1,0 +1,62 @@
+// Submitted requests on their way from the caller's thread to the engine
+// thread (internal).
+//
+// push() runs on any thread; drain() on the engine thread. The queue also
+// owns the set of names pending on this rank per process set, so a second
+// request under a name still pending is refused at submit (the name would be
+// ambiguous in the negotiation); release() frees a name once its request has
+// finished, before its handle completes, so a completion callback may reuse it.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/handle.h"
+#include "engine/message.h"
+#include "engine/timeline.h"
+#include "kolo/core/engine.h"
+
+namespace kolo::detail {
+
+// One request of this rank, with its buffers.
+struct Request {
+  RequestInfo info;
+  int process_set = 0;
+  TensorView in;            // allreduce, allgather, reducescatter, alltoall; broadcast: buffer
+  TensorView out;           // allreduce, reducescatter
+  AllocateOutput allocate;  // allgather, alltoall
+  std::shared_ptr<HandleState> handle;
+  std::chrono::steady_clock::time_point submitted;
+  // Timeline phases begun and not yet ended, innermost last (engine thread).
+  std::vector<TimelinePhase> open_phases;
+  bool negotiated_once = false;  // has been through one negotiation round
+};
+
+class TensorQueue {
+ public:
+  // Throws ContractError if `request`'s name is already pending in its set.
+  void push(std::unique_ptr<Request> request);
+  // Takes every queued request, in submission order.
+  std::vector<std::unique_ptr<Request>> drain();
+  // The request named `name` of `process_set` has finished.
+  void release(int process_set, const std::string& name);
+  // Blocks until something is queued or `timeout` passes (idle engine).
+  void wait_for_work(std::chrono::microseconds timeout);
+  // Wakes wait_for_work (shutdown).
+  void wake();
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable work_;
+  bool woken_ = false;
+  std::vector<std::unique_ptr<Request>> queue_;
+  std::set<std::pair<int, std::string>> pending_;
+};
+
+}  // namespace kolo::detail
