@@ -120,25 +120,31 @@ std::string error_of(const std::vector<std::exception_ptr>& errors, size_t r) {
 float value(int rank, size_t index) { return static_cast<float>((index * 7 + rank * 3) % 101); }
 
 TEST(ShmCommunicator, AllreduceLargerThanSegmentBothSchemes) {
-  // 2 ranks reduce every slot themselves; 3 ranks split each chunk (scatter).
+  // With 4 KiB slots both sizes take many steps: 80 KB goes through the gather
+  // scheme (every rank reduces every slot), 200 KB through reduce-scatter +
+  // allgather (each rank reduces 1/n of each chunk).
   for (int size : {2, 3}) {
     auto comms = make_world({size});
-    const size_t count = 50000;  // 200 KB of f32 through 4 KiB slots
-    for (bool in_place : {false, true}) {
-      std::vector<std::vector<float>> outs(size);
-      expect_no_errors(run_ranks(comms, [&](int r, Communicator& comm) {
-        std::vector<float> in(count);
-        for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
-        std::vector<float> out(count, -1.0f);
-        float* dst = in_place ? in.data() : out.data();
-        comm.allreduce(in.data(), dst, count, DType::kF32, {});
-        outs[r].assign(dst, dst + count);
-      }));
-      for (int r = 0; r < size; ++r) {
-        for (size_t i = 0; i < count; ++i) {
-          float expected = 0;
-          for (int k = 0; k < size; ++k) expected += value(k, i);
-          ASSERT_EQ(outs[r][i], expected) << "size " << size << " rank " << r << " index " << i;
+    for (size_t count : {size_t{20000}, size_t{50000}}) {
+      for (bool in_place : {false, true}) {
+        std::vector<std::vector<float>> outs(size);
+        expect_no_errors(run_ranks(comms, [&](int r, Communicator& comm) {
+          std::vector<float> in(count);
+          for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
+          std::vector<float> out(count, -1.0f);
+          float* dst = in_place ? in.data() : out.data();
+          AllreduceOptions options;
+          options.prescale = 2.0;
+          comm.allreduce(in.data(), dst, count, DType::kF32, options);
+          outs[r].assign(dst, dst + count);
+        }));
+        for (int r = 0; r < size; ++r) {
+          for (size_t i = 0; i < count; ++i) {
+            float expected = 0;
+            for (int k = 0; k < size; ++k) expected += 2.0f * value(k, i);
+            ASSERT_EQ(outs[r][i], expected)
+                << "size " << size << " count " << count << " rank " << r << " index " << i;
+          }
         }
       }
     }
