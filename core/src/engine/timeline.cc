@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -42,20 +44,52 @@ constexpr uint32_t kEngineRow = 0;
 constexpr std::chrono::milliseconds kWriterPeriod{100};
 constexpr size_t kWakeWriterEvents = 4096;  // queue length that wakes the writer early
 constexpr char kTrailer[] = "\n]}\n";
-constexpr size_t kTrailerBytes = sizeof(kTrailer) - 1;
 
 enum class Kind : uint8_t { kBegin, kEnd, kMark, kNameRow };
 
-// One queued record: small, no formatting. `id` is a row (tensor) for
-// begin/end/name, an interned label for marks.
+// One queued record: a small POD, no formatting. `id` is a row (tensor) for
+// begin/end/name, an interned label for marks; `args` is 1 + the index of a
+// mark's arguments among the queued ones, or 0.
 struct Record {
   int64_t ts_ns;
   uint32_t id;
+  uint32_t args;
   Kind kind;
   TimelinePhase phase;
-  const char* op;    // static string (the collective's name) or nullptr
-  std::string args;  // marks only; usually empty (no allocation)
+  const char* op;  // static string (the collective's name) or nullptr
 };
+
+// Appends `text` as a JSON string literal (quotes included).
+void append_json_string(std::string& out, const std::string& text) {
+  out += '"';
+  for (unsigned char c : text) {
+    if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\\') {
+      out += "\\\\";
+    } else if (c < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\u%04x", c);
+      out += escaped;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  out += '"';
+}
+
+template <typename Int>
+void append_int(std::string& out, Int value) {
+  char digits[24];
+  const auto result = std::to_chars(digits, digits + sizeof(digits), value);
+  out.append(digits, result.ptr);
+}
+
+std::string json_quoted(const std::string& text) {
+  std::string out;
+  append_json_string(out, text);
+  return out;
+}
 
 void write_all_at(int fd, const std::string& data, off_t offset, const std::string& path) {
   size_t done = 0;
@@ -83,6 +117,7 @@ struct Timeline::Impl {
   std::condition_variable wake_writer;    // new work, flush request or stop
   std::condition_variable batch_written;  // flush() waits on it
   std::vector<Record> queue;
+  std::vector<std::string> queue_args;               // arguments of queued marks
   std::unordered_map<std::string, uint32_t> rows;    // tensor name -> tid
   std::vector<std::string> row_names;                // tid -> name (index 0: engine)
   std::unordered_map<std::string, uint32_t> labels;  // mark label -> id
@@ -115,32 +150,66 @@ struct Timeline::Impl {
     const uint32_t id = static_cast<uint32_t>(row_names.size());
     rows.emplace(tensor, id);
     row_names.push_back(tensor);
-    queue.push_back({now_ns(), id, Kind::kNameRow, TimelinePhase::kNegotiate, nullptr, {}});
-    ++queued;
+    push({now_ns(), id, 0, Kind::kNameRow, TimelinePhase::kNegotiate, nullptr});
     return id;
   }
 
-  void push(Record record) {
-    queue.push_back(std::move(record));
+  // Caller holds mu.
+  void push(const Record& record) {
+    queue.push_back(record);
     ++queued;
     if (queue.size() == kWakeWriterEvents) wake_writer.notify_one();
   }
 
   void writer_loop();
-  std::string format(const std::vector<Record>& batch);
-  void append_event(std::string& out, const nlohmann::json& event);
+  std::string format(const std::vector<Record>& batch, const std::vector<std::string>& args);
+  // Starts one event: the separator, then `{"name":<quoted_name>,"ph":"<ph>","pid":P,"tid":T`.
+  void open_event(std::string& out, const std::string& quoted_name, char ph, uint32_t tid);
+  // JSON literal of a static label (phase or op name), quoted once.
+  const std::string& quoted_label(const char* label);
+  std::unordered_map<const char*, std::string> quoted_labels;  // writer only
 };
 
-void Timeline::Impl::append_event(std::string& out, const nlohmann::json& event) {
+void Timeline::Impl::open_event(std::string& out, const std::string& quoted_name, char ph,
+                                uint32_t tid) {
   if (!first_event) out += ",\n";
   first_event = false;
-  out += event.dump();
+  out += "{\"name\":";
+  out += quoted_name;
+  out += ",\"ph\":\"";
+  out += ph;
+  out += "\",\"pid\":";
+  append_int(out, rank);
+  out += ",\"tid\":";
+  append_int(out, tid);
 }
 
-std::string Timeline::Impl::format(const std::vector<Record>& batch) {
+const std::string& Timeline::Impl::quoted_label(const char* label) {
+  auto it = quoted_labels.find(label);
+  if (it == quoted_labels.end()) it = quoted_labels.emplace(label, json_quoted(label)).first;
+  return it->second;
+}
+
+// Events are formatted by hand: building nlohmann::json objects costs about a
+// microsecond per event, a lot for a thread that shares the cores with ranks.
+std::string Timeline::Impl::format(const std::vector<Record>& batch,
+                                   const std::vector<std::string>& args) {
   std::string out;
   out.reserve(batch.size() * 96);
-  auto ts_us = [](int64_t ns) { return static_cast<double>(ns) / 1000.0; };
+  auto close_with_ts = [&out](int64_t ns) {  // microseconds with 3 decimals
+    out += ",\"ts\":";
+    append_int(out, ns / 1000);
+    const int frac = static_cast<int>(ns % 1000);
+    const char digits[5] = {'.', static_cast<char>('0' + frac / 100),
+                            static_cast<char>('0' + frac / 10 % 10),
+                            static_cast<char>('0' + frac % 10), '}'};
+    out.append(digits, sizeof(digits));
+  };
+  auto label_of = [this](uint32_t row, TimelinePhase phase) -> const std::string& {
+    return quoted_label(phase == TimelinePhase::kCollective && row_op[row] != nullptr
+                            ? row_op[row]
+                            : timeline_phase_name(phase));
+  };
   for (const Record& r : batch) {
     switch (r.kind) {
       case Kind::kNameRow: {
@@ -148,29 +217,18 @@ std::string Timeline::Impl::format(const std::vector<Record>& batch) {
           open_phases.resize(r.id + 1);
           row_op.resize(r.id + 1, nullptr);
         }
-        nlohmann::json name = {{"name", "thread_name"},
-                               {"ph", "M"},
-                               {"pid", rank},
-                               {"tid", r.id},
-                               {"args", {{"name", writer_row_names[r.id]}}}};
-        append_event(out, name);
-        // Rows sorted in order of first appearance rather than by tid hash.
-        nlohmann::json order = {{"name", "thread_sort_index"},
-                                {"ph", "M"},
-                                {"pid", rank},
-                                {"tid", r.id},
-                                {"args", {{"sort_index", r.id}}}};
-        append_event(out, order);
+        open_event(out, "\"thread_name\"", 'M', r.id);
+        out += ",\"args\":{\"name\":" + json_quoted(writer_row_names[r.id]) + "}}";
+        // Rows in order of first appearance rather than by tid.
+        open_event(out, "\"thread_sort_index\"", 'M', r.id);
+        out += ",\"args\":{\"sort_index\":" + std::to_string(r.id) + "}}";
         break;
       }
       case Kind::kBegin: {
-        const char* label = timeline_phase_name(r.phase);
-        if (r.phase == TimelinePhase::kCollective && r.op != nullptr) label = r.op;
-        if (r.phase == TimelinePhase::kCollective) row_op[r.id] = label;
+        if (r.phase == TimelinePhase::kCollective) row_op[r.id] = r.op;
         open_phases[r.id].push_back(r.phase);
-        append_event(
-            out,
-            {{"name", label}, {"ph", "B"}, {"pid", rank}, {"tid", r.id}, {"ts", ts_us(r.ts_ns)}});
+        open_event(out, label_of(r.id, r.phase), 'B', r.id);
+        close_with_ts(r.ts_ns);
         break;
       }
       case Kind::kEnd: {
@@ -183,28 +241,22 @@ std::string Timeline::Impl::format(const std::vector<Record>& batch) {
         while (open.size() >= depth) {
           const TimelinePhase phase = open.back();
           open.pop_back();
-          const char* label = phase == TimelinePhase::kCollective && row_op[r.id] != nullptr
-                                  ? row_op[r.id]
-                                  : timeline_phase_name(phase);
-          append_event(
-              out,
-              {{"name", label}, {"ph", "E"}, {"pid", rank}, {"tid", r.id}, {"ts", ts_us(r.ts_ns)}});
+          open_event(out, label_of(r.id, phase), 'E', r.id);
+          close_with_ts(r.ts_ns);
         }
         break;
       }
       case Kind::kMark: {
-        nlohmann::json event = {{"name", writer_label_names[r.id]},
-                                {"ph", "i"},
-                                {"s", "t"},
-                                {"pid", rank},
-                                {"tid", kEngineRow},
-                                {"ts", ts_us(r.ts_ns)}};
-        if (!r.args.empty()) {
-          nlohmann::json args = nlohmann::json::parse(r.args, nullptr, /*allow_exceptions=*/false);
-          if (args.is_discarded() || !args.is_object()) args = {{"text", r.args}};
-          event["args"] = std::move(args);
+        open_event(out, json_quoted(writer_label_names[r.id]), 'i', kEngineRow);
+        out += ",\"s\":\"t\"";
+        if (r.args != 0) {
+          // The caller's arguments are kept only if they are a JSON object.
+          const std::string& text = args[r.args - 1];
+          nlohmann::json parsed = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+          if (parsed.is_discarded() || !parsed.is_object()) parsed = {{"text", text}};
+          out += ",\"args\":" + parsed.dump();
         }
-        append_event(out, event);
+        close_with_ts(r.ts_ns);
         break;
       }
     }
@@ -214,6 +266,8 @@ std::string Timeline::Impl::format(const std::vector<Record>& batch) {
 
 void Timeline::Impl::writer_loop() {
   std::vector<Record> batch;
+  batch.reserve(2 * kWakeWriterEvents);  // swapped with the queue: both stay this large
+  std::vector<std::string> batch_args;
   std::unique_lock<std::mutex> lock(mu);
   for (;;) {
     wake_writer.wait_for(lock, kWriterPeriod, [&] {
@@ -223,6 +277,8 @@ void Timeline::Impl::writer_loop() {
     flush_requested = false;
     batch.clear();
     batch.swap(queue);
+    batch_args.clear();
+    batch_args.swap(queue_args);
     const uint64_t target = queued;
     writer_row_names.insert(writer_row_names.end(), row_names.begin() + writer_row_names.size(),
                             row_names.end());
@@ -234,7 +290,7 @@ void Timeline::Impl::writer_loop() {
     std::string error;
     if (!batch.empty() && !failed) {
       try {
-        std::string text = format(batch);
+        std::string text = format(batch, batch_args);
         const size_t data_bytes = text.size();
         text += kTrailer;
         // One pwrite of the events and a fresh trailer over the old one: the
@@ -267,15 +323,10 @@ Timeline::Timeline(const std::string& path, int rank) : impl_(std::make_unique<I
   // The file is a valid trace from the start: the header, the process and
   // engine rows' names, and the trailer that every batch rewrites.
   std::string text = "{\"traceEvents\":[\n";
-  t.append_event(text, {{"name", "process_name"},
-                        {"ph", "M"},
-                        {"pid", rank},
-                        {"args", {{"name", "kolo rank " + std::to_string(rank)}}}});
-  t.append_event(text, {{"name", "thread_name"},
-                        {"ph", "M"},
-                        {"pid", rank},
-                        {"tid", kEngineRow},
-                        {"args", {{"name", "engine"}}}});
+  t.open_event(text, "\"process_name\"", 'M', kEngineRow);
+  text += ",\"args\":{\"name\":\"kolo rank " + std::to_string(rank) + "\"}}";
+  t.open_event(text, "\"thread_name\"", 'M', kEngineRow);
+  text += ",\"args\":{\"name\":\"engine\"}}";
   const size_t data_bytes = text.size();
   text += kTrailer;
   try {
@@ -286,6 +337,7 @@ Timeline::Timeline(const std::string& path, int rank) : impl_(std::make_unique<I
   }
   t.data_end = static_cast<off_t>(data_bytes);
 
+  t.queue.reserve(2 * kWakeWriterEvents);  // recording rarely reallocates
   t.row_names.push_back("engine");
   t.writer_row_names.push_back("engine");
   t.open_phases.resize(1);
@@ -308,14 +360,14 @@ void Timeline::begin(const std::string& tensor, TimelinePhase phase, const char*
   Impl& t = *impl_;
   std::lock_guard<std::mutex> lock(t.mu);
   const uint32_t row = t.row_of(tensor);
-  t.push({t.now_ns(), row, Kind::kBegin, phase, op, {}});
+  t.push({t.now_ns(), row, 0, Kind::kBegin, phase, op});
 }
 
 void Timeline::end(const std::string& tensor, TimelinePhase phase) {
   Impl& t = *impl_;
   std::lock_guard<std::mutex> lock(t.mu);
   const uint32_t row = t.row_of(tensor);
-  t.push({t.now_ns(), row, Kind::kEnd, phase, nullptr, {}});
+  t.push({t.now_ns(), row, 0, Kind::kEnd, phase, nullptr});
 }
 
 void Timeline::mark(const std::string& label, const std::string& args_json) {
@@ -330,7 +382,12 @@ void Timeline::mark(const std::string& label, const std::string& args_json) {
     t.labels.emplace(label, id);
     t.label_names.push_back(label);
   }
-  t.push({t.now_ns(), id, Kind::kMark, TimelinePhase::kNegotiate, nullptr, args_json});
+  uint32_t args = 0;
+  if (!args_json.empty()) {
+    t.queue_args.push_back(args_json);
+    args = static_cast<uint32_t>(t.queue_args.size());
+  }
+  t.push({t.now_ns(), id, args, Kind::kMark, TimelinePhase::kNegotiate, nullptr});
 }
 
 void Timeline::flush() {
