@@ -165,22 +165,19 @@ struct Row {
 };
 
 // Median step time (slowest rank) of `workload` on a fresh engine.
-Row measure_engine(Runtime& runtime, const std::string& mode, const EngineOptions& engine_options,
-                   Workload& w, const EngineBenchOptions& options, int64_t* threshold_out) {
-  Communicator& world = runtime.world();
-  auto engine = make_engine(runtime, w.name + "/" + mode, engine_options);
-  if (threshold_out) *threshold_out = engine->fusion_threshold_bytes();
+Row measure_engine(Engine& engine, Communicator& world, const std::string& mode, Workload& w,
+                   const EngineBenchOptions& options) {
   std::vector<Handle> handles;
-  check_step(*engine, w, world.rank(), world.size(), handles);
-  const Engine::Stats before = engine->stats();
-  run_step(*engine, w, handles);
-  const Engine::Stats after = engine->stats();
+  check_step(engine, w, world.rank(), world.size(), handles);
+  const Engine::Stats before = engine.stats();
+  run_step(engine, w, handles);
+  const Engine::Stats after = engine.stats();
 
   TimingOptions timing = options.timing;
   timing.rep_ms = 0;  // one step per repetition
   const double time_us = time_collective_us(
-      world, [&] { run_step(*engine, w, handles); }, timing);
-  check_step(*engine, w, world.rank(), world.size(), handles);  // still right after the runs
+      world, [&] { run_step(engine, w, handles); }, timing);
+  check_step(engine, w, world.rank(), world.size(), handles);  // still right after the runs
   return {w.name,         mode,
           w.views.size(), w.total_floats * sizeof(float),
           time_us,        static_cast<double>(after.collectives - before.collectives)};
@@ -211,34 +208,56 @@ int run_engine_bench(const EngineBenchOptions& options) {
   const bool root = world.rank() == 0;
   const std::string backend = world.backend();
 
-  // The settings under test come from the configuration (KOLO_CYCLE_TIME_MS,
-  // KOLO_FUSION_THRESHOLD_BYTES...); the timed runs never autotune or trace.
-  EngineOptions fused = EngineOptions::from_config(runtime.config());
-  fused.timeline_path.clear();
-  fused.autotune = false;
-  EngineOptions unfused = fused;
-  unfused.fusion_threshold_bytes = 0;
+  std::vector<Workload> workloads;
+  for (const std::string& name : options.workloads)
+    workloads.push_back(make_workload(name, options));
 
+  // Order matters on a small machine: an engine thread that is alive but idle
+  // still negotiates every millisecond, so each measurement runs with no other
+  // engine alive. First the floor and the unfused engines (built and destroyed
+  // here), then the runtime's own engine (created on first use, alive until
+  // shutdown) with fusion on.
   std::vector<Row> rows;
-  int64_t threshold = fused.fusion_threshold_bytes;
-  for (const std::string& name : options.workloads) {
-    Workload w = make_workload(name, options);
-    rows.push_back(measure_engine(runtime, "fused", fused, w, options, &threshold));
-    rows.push_back(measure_engine(runtime, "unfused", unfused, w, options, nullptr));
-    rows.push_back(measure_single_buffer(world, w, options));
+  for (Workload& w : workloads) rows.push_back(measure_single_buffer(world, w, options));
+
+  // The runtime engine's settings come from the configuration
+  // (KOLO_CYCLE_TIME_MS, KOLO_FUSION_THRESHOLD_BYTES...); the unfused engine
+  // copies them with the threshold at 0 and never autotunes or traces.
+  EngineOptions unfused = EngineOptions::from_config(runtime.config());
+  unfused.timeline_path.clear();
+  unfused.autotune = false;
+  unfused.fusion_threshold_bytes = 0;
+  for (Workload& w : workloads) {
+    auto engine = make_engine(runtime, w.name + "/unfused", unfused);
+    rows.push_back(measure_engine(*engine, world, "unfused", w, options));
   }
+
+  Engine& engine = runtime.engine();
+  const int64_t threshold = engine.fusion_threshold_bytes();
+  const double cycle_time_ms = engine.cycle_time_ms();
+  for (Workload& w : workloads) rows.push_back(measure_engine(engine, world, "fused", w, options));
+
+  // Table order: per workload, fused, unfused, single buffer.
+  auto rank_of = [&](const Row& r) {
+    const auto at = std::find(options.workloads.begin(), options.workloads.end(), r.workload);
+    const int mode = r.mode == "fused" ? 0 : r.mode == "unfused" ? 1 : 2;
+    return static_cast<int>(at - options.workloads.begin()) * 3 + mode;
+  };
+  std::stable_sort(rows.begin(), rows.end(),
+                   [&](const Row& a, const Row& b) { return rank_of(a) < rank_of(b); });
 
   // A timeline of a few untimed fused steps, recorded by rank 0.
   if (!options.timeline_path.empty()) {
-    EngineOptions traced = fused;
-    if (root) traced.timeline_path = options.timeline_path;
-    auto engine = make_engine(runtime, "timeline", traced);
+    EngineOptions traced = EngineOptions::from_config(runtime.config());
+    traced.timeline_path = root ? options.timeline_path : "";
+    traced.timeline_all_ranks = false;
+    traced.autotune = false;
+    auto traced_engine = make_engine(runtime, "timeline", traced);
     std::vector<Handle> handles;
-    for (const std::string& name : options.workloads) {
-      Workload w = make_workload(name, options);
-      for (int step = 0; step < options.timeline_steps; ++step) run_step(*engine, w, handles);
-    }
-    engine.reset();  // closes the trace
+    for (Workload& w : workloads)
+      for (int step = 0; step < options.timeline_steps; ++step)
+        run_step(*traced_engine, w, handles);
+    traced_engine.reset();  // closes the trace
     if (root)
       std::cerr << "kolo-bench engine: wrote the timeline " << options.timeline_path << "\n";
   }
@@ -288,7 +307,7 @@ int run_engine_bench(const EngineBenchOptions& options) {
   const Row* s_fused = find("small", "fused");
   const Row* s_unfused = find("small", "unfused");
   report.notes.push_back("fusion threshold " + format_bytes(static_cast<double>(threshold)) +
-                         ", cycle time " + format_fixed(fused.cycle_time_ms, 2) + " ms");
+                         ", cycle time " + format_fixed(cycle_time_ms, 2) + " ms");
   if (r_fused && r_single) {
     const double ratio = r_fused->time_us / r_single->time_us;
     report.notes.push_back("resnet50 fused / single buffer: " + format_fixed(ratio, 2) +
