@@ -284,24 +284,18 @@ Engine& Runtime::engine() {
   const std::string backend = backend_;
   const CommunicatorOptions base = engine_options;
   const int world_rank = topology_.rank;
-  const int world_size = topology_.size;
-  CommunicatorFactory factory = [backend, base, world_rank, world_size](
+  CommunicatorFactory factory = [backend, base, world_rank](
                                     const std::vector<int>& ranks, int set_id) {
     auto pos = std::find(ranks.begin(), ranks.end(), world_rank);
     if (pos == ranks.end()) {
       throw ContractError("kolo process set " + std::to_string(set_id) +
                           ": this rank is not a member");
     }
-    if (backend == "mpi" && static_cast<int>(ranks.size()) != world_size) {
-      throw ContractError(
-          "kolo process set " + std::to_string(set_id) +
-          ": the mpi backend cannot build a communicator of a subset of the ranks yet; use the "
-          "shm or gloo backend for process sets");
-    }
     CommunicatorOptions o = base;
     o.rank = static_cast<int>(pos - ranks.begin());
     o.size = static_cast<int>(ranks.size());
     o.prefix = base.prefix + "/set" + std::to_string(set_id);
+    o.world_ranks = ranks;  // mpi builds the set from MPI_COMM_WORLD's group
     return make_communicator(backend, o);
   };
   engine_ = std::make_unique<Engine>(std::move(comm), std::move(factory), options);

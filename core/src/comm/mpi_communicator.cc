@@ -287,6 +287,11 @@ class MpiCommunicator : public Communicator {
       MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
       MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     }
+    if (!options.world_ranks.empty() &&
+        static_cast<int>(options.world_ranks.size()) != world_size) {
+      make_subset(options, world_rank, world_size);
+      return;
+    }
     if (world_rank != rank_ || world_size != size_) {
       throw ContractError(
           "kolo make_communicator(mpi): options.rank=" + std::to_string(rank_) +
@@ -294,7 +299,7 @@ class MpiCommunicator : public Communicator {
           std::to_string(world_rank) + " of an MPI world of " + std::to_string(world_size) +
           ". The mpi backend spans MPI_COMM_WORLD: pass its rank and size (kolo::init does), "
           "launch with mpirun -np " +
-          std::to_string(size_) + ", or use the shm or gloo backend for a subset of ranks.");
+          std::to_string(size_) + ", or name a subset's members in options.world_ranks.");
     }
     MPI_Request request = MPI_REQUEST_NULL;
     int rc;
@@ -308,6 +313,46 @@ class MpiCommunicator : public Communicator {
     }
     wait(request, Deadline(default_timeout_), "make_communicator");
     CallLock lock;
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  }
+
+  // A communicator of some world ranks (process sets): built from
+  // MPI_COMM_WORLD's group with MPI_Comm_create_group, which only the members
+  // call. It has no nonblocking form, so it waits for the members without a
+  // timeout (the engine builds sets at the same point on every member).
+  void make_subset(const CommunicatorOptions& options, int world_rank, int world_size) {
+    const std::vector<int>& ranks = options.world_ranks;
+    std::string listed;
+    for (int r : ranks) listed += (listed.empty() ? "" : ", ") + std::to_string(r);
+    const bool sorted = std::is_sorted(ranks.begin(), ranks.end()) &&
+                        std::adjacent_find(ranks.begin(), ranks.end()) == ranks.end();
+    if (!sorted || ranks.front() < 0 || ranks.back() >= world_size ||
+        static_cast<int>(ranks.size()) != size_ || rank_ < 0 || rank_ >= size_ ||
+        ranks[rank_] != world_rank) {
+      throw ContractError("kolo make_communicator(mpi): options.world_ranks [" + listed +
+                          "] with options.rank=" + std::to_string(rank_) + " and options.size=" +
+                          std::to_string(size_) + " does not describe this process (world rank " +
+                          std::to_string(world_rank) + " of " + std::to_string(world_size) +
+                          "); pass the members' world ranks sorted and unique, size = their "
+                          "count, rank = this process's index among them");
+    }
+    // Tag: distinguishes concurrent group creations; derived from the prefix
+    // so that every member uses the same one.
+    int tag = 0;
+    for (char c : options.prefix) tag = (tag * 31 + static_cast<unsigned char>(c)) & 0x7fff;
+    CallLock lock;
+    MPI_Group world_group = MPI_GROUP_NULL;
+    MPI_Group group = MPI_GROUP_NULL;
+    MPI_Comm_group(MPI_COMM_WORLD, &world_group);
+    int rc = MPI_Group_incl(world_group, size_, ranks.data(), &group);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, &comm_);
+    if (group != MPI_GROUP_NULL) MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
+    if (rc != MPI_SUCCESS || comm_ == MPI_COMM_NULL) {
+      comm_ = MPI_COMM_NULL;
+      throw RuntimeFault("kolo make_communicator(mpi): MPI_Comm_create_group for world ranks [" +
+                         listed + "] failed: " + mpi_error_text(rc));
+    }
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   }
 

@@ -111,6 +111,12 @@ struct CommunicatorOptions {
   // small extra exchange for it; shm checks for free). The engine turns it off
   // for collectives it has already negotiated.
   bool check_args = true;
+  // A communicator of some of the world's ranks (process sets): their world
+  // ranks, sorted, with this process's at index `rank`; size = its length.
+  // Empty = the whole world. Needed by mpi (which builds the communicator from
+  // MPI_COMM_WORLD's group); shm and gloo find their members through the store
+  // and ignore it.
+  std::vector<int> world_ranks;
   // shm only. Microseconds a waiting rank spins before it blocks on a futex, and
   // bytes per pipeline chunk (the same on every rank). < 0 = read KOLO_SHM_SPIN_US /
   // KOLO_SHM_CHUNK_BYTES from the environment when the communicator is built.
