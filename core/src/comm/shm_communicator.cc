@@ -741,7 +741,8 @@ void ShmCommunicator::allreduce_scatter(const Call& call, const CallSignature& s
 
 // ----------------------------------------------------------------------------
 // reducescatter: each slot holds n pieces, piece j = the next part of block j;
-// rank r reduces piece r of every slot into its output.
+// rank r reduces its own block r of `in` and piece r of every other slot into
+// its output.
 
 void ShmCommunicator::reducescatter(const void* in, void* out, size_t count, DType dtype,
                                     const AllreduceOptions& options) {
@@ -767,12 +768,18 @@ void ShmCommunicator::reducescatter(const void* in, void* out, size_t count, DTy
       const size_t m = ok ? std::min(piece, count - offset) : 0;
       if (s == 0) publish(call, signature, b);
       for (int j = 0; j < size_ && m > 0; ++j) {
+        if (j == rank_) continue;  // read from `in` below
         copy_bytes(slot(rank_, b) + j * piece * esize, src + (j * count + offset) * esize,
                    m * esize);
       }
       sync(call);
       if (s == 0) verify(call, b);
-      for (int k = 0; k < size_; ++k) inputs_[k] = slot(k, b) + rank_ * piece * esize;
+      // In place, out is block 0 of in: its part [offset, offset + m) was
+      // deposited above (or, on rank 0, is read by the reduction before written).
+      for (int k = 0; k < size_; ++k) {
+        inputs_[k] = k == rank_ ? src + (rank_ * count + offset) * esize
+                                : slot(k, b) + rank_ * piece * esize;
+      }
       reduce_inputs(dst + offset * esize, inputs_.data(), size_, m, dtype, options, size_);
     }
   });
@@ -915,14 +922,16 @@ void ShmCommunicator::alltoall(const void* in, void* out, size_t count, DType dt
       const size_t part = bytes > offset ? std::min(piece, bytes - offset) : 0;
       if (s == 0) publish(call, signature, b);
       for (int j = 0; j < size_ && part > 0; ++j) {
-        copy_bytes(slot(rank_, b) + j * piece, src + j * bytes + offset, part);
+        if (j != rank_) copy_bytes(slot(rank_, b) + j * piece, src + j * bytes + offset, part);
       }
       sync(call);
       if (s == 0) verify(call, b);
       // In place is safe: block k's bytes [offset, offset + part) were deposited
-      // above, and later steps only read further on.
+      // above, and later steps only read further on. This rank's own block
+      // moves directly (not at all in place).
       for (int k = 0; k < size_ && part > 0; ++k) {
-        copy_bytes(dst + k * bytes + offset, slot(k, b) + rank_ * piece, part);
+        const char* from = k == rank_ ? src + k * bytes + offset : slot(k, b) + rank_ * piece;
+        copy_bytes(dst + k * bytes + offset, from, part);
       }
     }
   });
