@@ -45,19 +45,19 @@ std::string Controller::world_rank_text(int set_rank) const {
 
 void Controller::submit(const RequestInfo& info, Clock::time_point now) {
   Local local;
-  local.info = info;
+  local.info = &info;
   local.since = now;
   local.order = local_order_++;
   classify(local);
-  local_[info.name] = std::move(local);
+  local_[std::string_view(info.name)] = local;
 }
 
 void Controller::classify(Local& local) {
   local.status = LocalStatus::kToSend;
   local.slot = -1;
-  if (!cache_usable() || !is_data_kind(local.info.kind)) return;
-  const int slot = cache_.find(local.info.name);
-  if (slot >= 0 && cache_.mine(slot) == local.info) {
+  if (!cache_usable() || !is_data_kind(local.info->kind)) return;
+  const int slot = cache_.find(local.info->name);
+  if (slot >= 0 && cache_.mine(slot) == *local.info) {
     local.status = LocalStatus::kCached;
     local.slot = slot;
   }
@@ -114,12 +114,13 @@ Controller::Outcome Controller::negotiate(bool shutting_down) {
   out.idle = bits_[kFlagIdle] == 1;
 
   // Cache hits, in slot order.
+  out.responses.reserve(local_.size());
   for (int slot = 0; slot < slots; ++slot) {
     if (bits_[kFlagCount + slot] == 0) continue;
     cache_.touch(slot);
-    Response response = cache_.response(slot);
-    local_.erase(response.name);
-    out.responses.push_back(std::move(response));
+    const ResponsePtr& response = cache_.response(slot);
+    local_.erase(response->name);
+    out.responses.push_back(response);
     ++out.cache_hits;
   }
 
@@ -144,7 +145,7 @@ void Controller::full_round(Outcome& out, Clock::time_point now) {
   std::sort(sending.begin(), sending.end(),
             [](const Local* a, const Local* b) { return a->order < b->order; });
   for (Local* local : sending) {
-    mine.requests.push_back(local->info);
+    mine.requests.push_back(*local->info);
     local->status = LocalStatus::kSent;
   }
   if (me == 0) {
@@ -266,7 +267,7 @@ void Controller::apply_verdict(const StallVerdict& verdict, Outcome& out) {
     joined_count_ = 0;
     last_joined_ = -1;
     local_.erase(kJoinName);
-    out.responses.push_back(std::move(response));
+    out.responses.push_back(std::make_shared<const Response>(std::move(response)));
     return;
   }
   auto it = table_.find(verdict.name);
@@ -288,7 +289,7 @@ void Controller::apply_verdict(const StallVerdict& verdict, Outcome& out) {
   if (entry.present[options_.set_rank]) local_.erase(verdict.name);
   arrival_.erase(entry.seq);
   table_.erase(it);
-  out.responses.push_back(std::move(response));
+  out.responses.push_back(std::make_shared<const Response>(std::move(response)));
 }
 
 void Controller::collect_ready(Outcome& out) {
@@ -303,9 +304,9 @@ void Controller::collect_ready(Outcome& out) {
       ++it;
       continue;
     }
-    Response response = make_response(it->second, entry);
-    if (response.status == Response::Status::kOk && response.contributors == n &&
-        is_data_kind(response.kind) && cache_.capacity() > 0) {
+    auto response = std::make_shared<const Response>(make_response(it->second, entry));
+    if (response->status == Response::Status::kOk && response->contributors == n &&
+        is_data_kind(response->kind) && cache_.capacity() > 0) {
       std::string evicted;
       cache_.put(response, entry.infos[me], &evicted);
       if (!evicted.empty()) {

@@ -59,6 +59,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -95,14 +96,16 @@ class Controller {
   int set_rank() const { return options_.set_rank; }
 
   // A request of this rank enters negotiation. Its name must not be pending.
+  // `info` is referenced, not copied: it must stay alive and unchanged until
+  // the request leaves negotiation (a response for it, or the controller's end).
   void submit(const RequestInfo& info, Clock::time_point now);
   // Set rank 0 of set 0: ship these parameters in the next round.
   void ship_params(double cycle_time_ms, int64_t fusion_threshold_bytes);
 
   struct Outcome {
-    std::vector<Response> responses;  // execution order, identical on every rank
-    bool shutdown = false;            // some rank is shutting down: stop now
-    bool idle = false;                // no rank has anything pending
+    std::vector<ResponsePtr> responses;  // execution order, identical on every rank
+    bool shutdown = false;               // some rank is shutting down: stop now
+    bool idle = false;                   // no rank has anything pending
     bool full_round = false;
     bool has_params = false;
     double cycle_time_ms = 0;
@@ -121,7 +124,7 @@ class Controller {
  private:
   enum class LocalStatus : uint8_t { kToSend, kCached, kSent };
   struct Local {
-    RequestInfo info;
+    const RequestInfo* info = nullptr;  // owned by the engine's pending request
     Clock::time_point since;
     uint64_t order = 0;  // local submission number
     LocalStatus status = LocalStatus::kToSend;
@@ -151,7 +154,7 @@ class Controller {
   ResponseCache cache_;
   std::unique_ptr<StallInspector> inspector_;  // set rank 0 only
 
-  std::unordered_map<std::string, Local> local_;
+  std::unordered_map<std::string_view, Local> local_;  // keys view info->name
   uint64_t local_order_ = 0;
 
   std::unordered_map<std::string, Entry> table_;

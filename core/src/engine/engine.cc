@@ -19,7 +19,9 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <string_view>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 
 #include "engine/autotune.h"
@@ -148,7 +150,8 @@ struct Engine::Impl {
     std::unique_ptr<Communicator> own_comm;  // null for set 0 (the world)
     Communicator* comm = nullptr;
     std::unique_ptr<Controller> controller;
-    std::unordered_map<std::string, std::unique_ptr<Request>> pending;
+    // This rank's requests in negotiation or execution; keys view info.name.
+    std::unordered_map<std::string_view, std::unique_ptr<Request>> pending;
   };
 
   Impl(std::unique_ptr<Communicator> world_comm, CommunicatorFactory comm_factory,
@@ -174,7 +177,9 @@ struct Engine::Impl {
   void add_set(const Response& r, SetState& world_set);
   void remove_set(const Response& r, SetState& world_set);
   Request* local(SetState& set, const std::string& name);
+  // Completes `name`'s request; its waiters are woken by wake_finished().
   void finish(SetState& set, const std::string& name, std::exception_ptr error);
+  void wake_finished();
   void fail_everything(std::exception_ptr error);
   TensorView allocate_output(Request* request, const std::vector<int64_t>& shape,
                              std::exception_ptr* error);
@@ -218,6 +223,7 @@ struct Engine::Impl {
   FusionBuffer scratch;     // neutral inputs and discarded outputs of joined ranks
   FusionBuffer scratch_out;
   uint64_t cycle_bytes = 0;
+  std::vector<std::shared_ptr<HandleState>> to_wake;  // finished, waiters not yet woken
   std::thread thread;
 };
 
@@ -481,9 +487,10 @@ void Engine::Impl::run() {
 void Engine::Impl::fail_everything(std::exception_ptr error) {
   for (auto& set : active) {
     std::vector<std::string> names;
-    for (auto& [name, request] : set->pending) names.push_back(name);
+    for (auto& [name, request] : set->pending) names.emplace_back(name);
     for (const auto& name : names) finish(*set, name, error);
   }
+  wake_finished();
   for (auto& request : queue.drain()) {
     queue.release(request->process_set, request->info.name);
     request->handle->complete(error);
@@ -507,7 +514,7 @@ void Engine::Impl::drain() {
     }
     Request* r = request.get();
     set->controller->submit(r->info, now);
-    set->pending[r->info.name] = std::move(request);
+    set->pending[std::string_view(r->info.name)] = std::move(request);
     phase_begin(r, TimelinePhase::kNegotiate);
   }
 }
@@ -524,9 +531,15 @@ void Engine::Impl::finish(SetState& set, const std::string& name, std::exception
   set.pending.erase(it);
   phases_close(request.get());
   queue.release(set.id, name);
-  for (const std::string& message : request->handle->complete(error)) {
+  for (const std::string& message : request->handle->complete(error, false)) {
     logger.warning("a completion callback of '" + name + "' threw: " + message);
   }
+  to_wake.push_back(std::move(request->handle));
+}
+
+void Engine::Impl::wake_finished() {
+  for (auto& handle : to_wake) handle->wake();
+  to_wake.clear();
 }
 
 void Engine::Impl::count_collective(uint64_t bytes) {
@@ -545,7 +558,8 @@ void Engine::Impl::run_set(SetState& set, Controller::Outcome& outcome) {
   }
   uint64_t data_responses = 0;
   std::vector<const Response*> data;
-  for (const Response& r : outcome.responses) {
+  for (const detail::ResponsePtr& response : outcome.responses) {
+    const Response& r = *response;
     if (is_data_kind(r.kind)) ++data_responses;
     if (r.status != Response::Status::kOk) {
       if (!r.contributed.empty() && !r.contributed[set.set_rank]) continue;
@@ -584,6 +598,7 @@ void Engine::Impl::run_set(SetState& set, Controller::Outcome& outcome) {
     if (join) join->handle->value = outcome.last_joined;
     finish(set, detail::kJoinName, nullptr);
   }
+  wake_finished();
 }
 
 // ---- execution ----------------------------------------------------------------
@@ -601,36 +616,42 @@ void Engine::Impl::execute(SetState& set, std::vector<const Response*>& data) {
     bool open = true;
   };
   std::vector<Batch> batches;
-  std::map<std::string, size_t> open_batch;  // fusion key -> index in batches
+  // Fusion key: kind, dtype, reduction, scales, root. Responses with equal
+  // keys may share a batch.
+  using Key = std::tuple<int, int, int, double, double, int>;
+  std::map<Key, size_t> open_batch;  // key -> index in batches
   for (const Response* r : data) {
     int64_t bytes = 0;
-    std::string key;
+    bool fusable = true;
+    Key key{static_cast<int>(r->kind), 0, 0, 0.0, 0.0, 0};
     const int64_t esize = static_cast<int64_t>(dtype_size(r->dtype));
     switch (r->kind) {
       case RequestKind::kAllreduce: {
         const AllreduceOptions o = reduce_options(*r, n);
         bytes = r->elements() * esize;
-        char text[96];
-        std::snprintf(text, sizeof(text), "R%d/%d/%.17g/%.17g", static_cast<int>(r->dtype),
-                      static_cast<int>(o.op), o.prescale, o.postscale);
-        key = text;
+        key = Key{static_cast<int>(r->kind),
+                  static_cast<int>(r->dtype),
+                  static_cast<int>(o.op),
+                  o.prescale,
+                  o.postscale,
+                  0};
         break;
       }
-      case RequestKind::kAllgather: {
+      case RequestKind::kAllgather: {  // fused as bytes: any dtypes together
         int64_t rows = 0;
         for (int64_t v : r->rows) rows += v;
         bytes = rows * r->row_elements() * esize;
-        key = "G";
         break;
       }
-      case RequestKind::kBroadcast:
+      case RequestKind::kBroadcast:  // fused as bytes, per root
         bytes = r->elements() * esize;
-        key = "B" + std::to_string(r->root);
+        std::get<5>(key) = r->root;
         break;
       default:
+        fusable = false;
         break;
     }
-    if (!key.empty() && threshold > 0) {
+    if (fusable && threshold > 0) {
       auto it = open_batch.find(key);
       if (it != open_batch.end()) {
         Batch& b = batches[it->second];
@@ -675,6 +696,7 @@ void Engine::Impl::execute(SetState& set, std::vector<const Response*>& data) {
       const auto error = std::make_exception_ptr(ContractError(e.what()));
       for (const Response* r : b.items) finish(set, r->name, error);
     }
+    wake_finished();
   }
 }
 
@@ -734,11 +756,17 @@ void Engine::Impl::run_allreduce(SetState& set, const std::vector<const Response
     return;
   }
   size_t total = 0;
-  for (const Response* r : batch) total += static_cast<size_t>(r->elements());
+  std::vector<Request*> reqs;
+  reqs.reserve(batch.size());
+  for (const Response* r : batch) {
+    total += static_cast<size_t>(r->elements());
+    reqs.push_back(local(set, r->name));
+  }
   uint8_t* buffer = fusion.get(total * esize);
   size_t offset = 0;
-  for (const Response* r : batch) {
-    Request* req = local(set, r->name);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const Response* r = batch[i];
+    Request* req = reqs[i];
     const size_t bytes = static_cast<size_t>(r->elements()) * esize;
     phase_end(req, TimelinePhase::kQueue);
     phase_begin(req, TimelinePhase::kMemcpyInFusionBuffer);
@@ -755,8 +783,9 @@ void Engine::Impl::run_allreduce(SetState& set, const std::vector<const Response
   set.comm->allreduce(buffer, buffer, total, first.dtype, o);
   count_collective(total * esize);
   offset = 0;
-  for (const Response* r : batch) {
-    Request* req = local(set, r->name);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const Response* r = batch[i];
+    Request* req = reqs[i];
     const size_t bytes = static_cast<size_t>(r->elements()) * esize;
     phase_end(req, TimelinePhase::kCollective);
     phase_begin(req, TimelinePhase::kMemcpyOutFusionBuffer);
@@ -1065,7 +1094,7 @@ void Engine::Impl::remove_set(const Response& r, SetState& world_set) {
     if (active[i]->id != id) continue;
     SetState& doomed = *active[i];
     std::vector<std::string> names;
-    for (auto& [name, request] : doomed.pending) names.push_back(name);
+    for (auto& [name, request] : doomed.pending) names.emplace_back(name);
     for (const auto& name : names) {
       finish(doomed, name,
              std::make_exception_ptr(ContractError("kolo::Engine: process set " +
@@ -1148,6 +1177,9 @@ void check_reduce(const std::string& op, const std::string& name, const RequestO
   }
 }
 
+// The buffer and dtype of a view; the shape lives in the request's info.
+TensorView data_only(const TensorView& view) { return TensorView{view.data, view.dtype, {}}; }
+
 RequestInfo make_info(RequestKind kind, const std::string& name, const TensorView& in,
                       const RequestOptions& o) {
   RequestInfo info;
@@ -1191,8 +1223,8 @@ Handle Engine::allreduce_async(const std::string& name, const TensorView& in, co
   request->info = make_info(RequestKind::kAllreduce, name, in, options);
   request->info.root = 0;
   request->process_set = options.process_set;
-  request->in = in;
-  request->out = out;
+  request->in = data_only(in);
+  request->out = data_only(out);
   return impl_->submit(std::move(request));
 }
 
@@ -1215,7 +1247,7 @@ Handle Engine::allgather_async(const std::string& name, const TensorView& in,
   request->info = make_info(RequestKind::kAllgather, name, in, RequestOptions{});
   request->info.op = ReduceOp::kSum;
   request->process_set = options.process_set;
-  request->in = in;
+  request->in = data_only(in);
   request->allocate = std::move(allocate);
   return impl_->submit(std::move(request));
 }
@@ -1237,7 +1269,7 @@ Handle Engine::broadcast_async(const std::string& name, const TensorView& buffer
   request->info.op = ReduceOp::kSum;
   request->info.root = options.root;
   request->process_set = options.process_set;
-  request->in = buffer;
+  request->in = data_only(buffer);
   return impl_->submit(std::move(request));
 }
 
@@ -1269,8 +1301,8 @@ Handle Engine::reducescatter_async(const std::string& name, const TensorView& in
   request->info = make_info(RequestKind::kReducescatter, name, in, options);
   request->info.root = 0;
   request->process_set = options.process_set;
-  request->in = in;
-  request->out = out;
+  request->in = data_only(in);
+  request->out = data_only(out);
   return impl_->submit(std::move(request));
 }
 
@@ -1325,7 +1357,7 @@ Handle Engine::alltoall_async(const std::string& name, const TensorView& in,
   request->info.op = ReduceOp::kSum;
   request->info.splits = rows;
   request->process_set = options.process_set;
-  request->in = in;
+  request->in = data_only(in);
   request->allocate = std::move(allocate);
   return impl_->submit(std::move(request));
 }

@@ -20,7 +20,7 @@ size_t TensorView::bytes() const {
 
 namespace detail {
 
-std::vector<std::string> HandleState::complete(std::exception_ptr failure) {
+std::vector<std::string> HandleState::complete(std::exception_ptr failure, bool wake) {
   std::vector<std::string> callback_errors;
   std::unique_lock<std::mutex> lock(mutex);
   if (done || completing) return callback_errors;
@@ -46,7 +46,7 @@ std::vector<std::string> HandleState::complete(std::exception_ptr failure) {
   }
   done = true;
   lock.unlock();
-  finished.notify_all();
+  if (wake) finished.notify_all();
   return callback_errors;
 }
 

@@ -33,10 +33,15 @@ struct HandleState {
   TensorView output;                     // allocated output (allgather, alltoall)
   int64_t value = 0;                     // scalar result (join: the last rank to join)
 
-  // Marks the request finished (error = null on success), wakes waiters and
-  // runs the pending callbacks. Returns the messages of callbacks that threw
-  // (they are swallowed so the engine thread survives; the engine logs them).
-  std::vector<std::string> complete(std::exception_ptr error);
+  // Runs the pending callbacks, then marks the request finished (error =
+  // null on success) and, if `wake`, wakes the waiters. Returns the messages
+  // of callbacks that threw (they are swallowed so the engine thread
+  // survives; the engine logs them). With wake = false the caller must call
+  // wake() afterwards: the engine finishes a whole fused batch first and then
+  // wakes, so a caller waiting on the batch's handles one by one is woken
+  // once, not once per handle.
+  std::vector<std::string> complete(std::exception_ptr error, bool wake = true);
+  void wake() { finished.notify_all(); }
   bool is_done();
 };
 

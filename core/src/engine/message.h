@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -95,12 +96,15 @@ struct Response {
   int contributors = 0;
   std::string error;
   std::vector<int> failed_ranks;  // kStalled: world ranks that never submitted
-  bool from_cache = false;        // agreed through the cache bit vector
 
   // Elements per row (product of shape[1:]); 1 for a scalar.
   int64_t row_elements() const;
   int64_t elements() const;  // of the common shape (allreduce, broadcast, reducescatter)
 };
+
+// Responses are shared, immutable once agreed: the cache and a cycle's
+// outcome hold the same object.
+using ResponsePtr = std::shared_ptr<const Response>;
 
 // "[4, 5]"; "[]" for a scalar.
 std::string shape_text(const std::vector<int64_t>& shape);

@@ -14,13 +14,14 @@ void ResponseCache::touch(int slot) {
   lru_.splice(lru_.end(), lru_, s.lru);
 }
 
-int ResponseCache::put(const Response& response, const RequestInfo& mine, std::string* evicted) {
+int ResponseCache::put(ResponsePtr response, const RequestInfo& mine, std::string* evicted) {
   if (evicted) evicted->clear();
   if (capacity_ == 0) return -1;
   if (static_cast<int>(index_.size()) >= capacity_) {
     const int victim = lru_.front();
-    if (evicted) *evicted = slots_[victim].response.name;
-    erase(slots_[victim].response.name);
+    const std::string victim_name = slots_[victim].response->name;
+    if (evicted) *evicted = victim_name;
+    erase(victim_name);
   }
   int slot;
   if (!free_.empty()) {
@@ -32,11 +33,10 @@ int ResponseCache::put(const Response& response, const RequestInfo& mine, std::s
   }
   Slot& s = slots_[slot];
   s.used = true;
-  s.response = response;
-  s.response.from_cache = true;
+  index_[response->name] = slot;
+  s.response = std::move(response);
   s.mine = mine;
   s.lru = lru_.insert(lru_.end(), slot);
-  index_[response.name] = slot;
   return slot;
 }
 
@@ -48,7 +48,7 @@ void ResponseCache::erase(const std::string& name) {
   Slot& s = slots_[slot];
   lru_.erase(s.lru);
   s.used = false;
-  s.response = Response{};
+  s.response.reset();
   s.mine = RequestInfo{};
   free_.insert(slot);
 }

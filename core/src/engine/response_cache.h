@@ -36,7 +36,7 @@ class ResponseCache {
 
   // Slot holding `name`, or -1.
   int find(const std::string& name) const;
-  const Response& response(int slot) const { return slots_[slot].response; }
+  const ResponsePtr& response(int slot) const { return slots_[slot].response; }
   const RequestInfo& mine(int slot) const { return slots_[slot].mine; }
 
   // Marks `slot` most recently used.
@@ -44,13 +44,13 @@ class ResponseCache {
   // Caches `response` (its name must not be cached). When full, evicts the
   // least recently used entry first and returns its name in *evicted (else
   // leaves it empty). Returns the slot: the lowest free one.
-  int put(const Response& response, const RequestInfo& mine, std::string* evicted);
+  int put(ResponsePtr response, const RequestInfo& mine, std::string* evicted);
   void erase(const std::string& name);
 
  private:
   struct Slot {
     bool used = false;
-    Response response;
+    ResponsePtr response;
     RequestInfo mine;
     std::list<int>::iterator lru;
   };

@@ -7,8 +7,8 @@ namespace kolo::detail {
 void TensorQueue::push(std::unique_ptr<Request> request) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto key = std::make_pair(request->process_set, request->info.name);
-    if (pending_.count(key) != 0) {
+    auto& names = pending_[request->process_set];
+    if (names.count(request->info.name) != 0) {
       throw ContractError(
           std::string("kolo engine: ") + request_kind_name(request->info.kind) + " of tensor '" +
           request->info.name + "': a request with this name is still pending on this rank" +
@@ -16,7 +16,7 @@ void TensorQueue::push(std::unique_ptr<Request> request) {
                                      : std::string()) +
           "; wait for its handle before reusing the name, or use a unique name");
     }
-    pending_.insert(key);
+    names.insert(request->info.name);
     queue_.push_back(std::move(request));
   }
   work_.notify_one();
@@ -31,7 +31,8 @@ std::vector<std::unique_ptr<Request>> TensorQueue::drain() {
 
 void TensorQueue::release(int process_set, const std::string& name) {
   std::lock_guard<std::mutex> lock(mutex_);
-  pending_.erase(std::make_pair(process_set, name));
+  auto it = pending_.find(process_set);
+  if (it != pending_.end()) it->second.erase(name);
 }
 
 void TensorQueue::wait_for_work(std::chrono::microseconds timeout) {

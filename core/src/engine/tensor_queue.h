@@ -12,8 +12,9 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -56,7 +57,7 @@ class TensorQueue {
   std::condition_variable work_;
   bool woken_ = false;
   std::vector<std::unique_ptr<Request>> queue_;
-  std::set<std::pair<int, std::string>> pending_;
+  std::unordered_map<int, std::unordered_set<std::string>> pending_;  // set -> names
 };
 
 }  // namespace kolo::detail
