@@ -145,13 +145,17 @@ std::unique_ptr<Engine> make_engine(Runtime& runtime, const std::string& name,
 
   CommunicatorFactory factory = [backend, store, prefix, world_rank](const std::vector<int>& ranks,
                                                                      int set_id) {
+    const auto member = std::find(ranks.begin(), ranks.end(), world_rank);
+    if (member == ranks.end())
+      throw ContractError("kolo-bench engine: process set " + std::to_string(set_id) +
+                          ": this rank is not a member");
     CommunicatorOptions set_options;
-    set_options.rank =
-        static_cast<int>(std::find(ranks.begin(), ranks.end(), world_rank) - ranks.begin());
+    set_options.rank = static_cast<int>(member - ranks.begin());
     set_options.size = static_cast<int>(ranks.size());
     set_options.store = store;
     set_options.prefix = prefix + "/set" + std::to_string(set_id);
     set_options.check_args = false;
+    set_options.world_ranks = ranks;  // mpi builds the set from MPI_COMM_WORLD's group
     return make_communicator(backend, set_options);
   };
   return std::make_unique<Engine>(std::move(comm), factory, engine_options);
