@@ -343,17 +343,18 @@ Response Controller::make_response(const std::string& name, const Entry& entry) 
       options_.process_set == 0 ? "" : " in process set " + std::to_string(options_.process_set);
   const char* op_name = request_kind_name(base.kind);
 
-  // Fails the response if `key(info)` differs between submitting ranks, naming
-  // every rank's `show(info)`: "Mismatched ALLREDUCE tensor shapes for tensor
-  // 'w': rank 0 has [4], rank 1 has [5]".
+  // Fails the response if `same(base, info)` is false for a submitting rank,
+  // naming every such rank's `show(info)`: "Mismatched ALLREDUCE tensor
+  // shapes for tensor 'w': rank 0 has [4], rank 1 has [5]". Texts are built
+  // only for a mismatch.
+  using Same = std::function<bool(const RequestInfo&, const RequestInfo&)>;
   using Text = std::function<std::string(const RequestInfo&)>;
-  auto check = [&](const char* what, const char* field, const Text& key, const Text& show) {
+  auto check = [&](const char* what, const char* field, const Same& same, const Text& show) {
     if (response.status != Response::Status::kOk) return;
-    const std::string expected = key(base);
     std::string differing;
     for (int r = 0; r < n; ++r) {
       if (!entry.present[r] || r == ref) continue;
-      if (key(entry.infos[r]) != expected) {
+      if (!same(base, entry.infos[r])) {
         differing += ", " + world_rank_text(r) + " has " + show(entry.infos[r]);
       }
     }
@@ -363,6 +364,19 @@ Response Controller::make_response(const std::string& name, const Entry& entry) 
                      " for tensor '" + name + "'" + where + ": " + world_rank_text(ref) + " has " +
                      show(base) + differing + ". Every rank must submit '" + name +
                      "' with the same " + field + ".";
+  };
+  const Same same_dtype = [](const RequestInfo& a, const RequestInfo& b) {
+    return a.dtype == b.dtype;
+  };
+  const Same same_shape = [](const RequestInfo& a, const RequestInfo& b) {
+    return a.shape == b.shape;
+  };
+  const Same same_op = [](const RequestInfo& a, const RequestInfo& b) { return a.op == b.op; };
+  const Same same_prescale = [](const RequestInfo& a, const RequestInfo& b) {
+    return a.prescale == b.prescale;
+  };
+  const Same same_postscale = [](const RequestInfo& a, const RequestInfo& b) {
+    return a.postscale == b.postscale;
   };
   const Text dtype_text = [](const RequestInfo& i) { return std::string(dtype_name(i.dtype)); };
   const Text full_shape = [](const RequestInfo& i) { return shape_text(i.shape); };
@@ -384,11 +398,11 @@ Response Controller::make_response(const std::string& name, const Entry& entry) 
   switch (base.kind) {
     case RequestKind::kAllreduce:
     case RequestKind::kReducescatter:
-      check("data types", "dtype", dtype_text, dtype_text);
-      check("tensor shapes", "shape", full_shape, full_shape);
-      check("reduction ops", "op", op_text, op_text);
-      check("prescale factors", "prescale", prescale_text, prescale_text);
-      check("postscale factors", "postscale", postscale_text, postscale_text);
+      check("data types", "dtype", same_dtype, dtype_text);
+      check("tensor shapes", "shape", same_shape, full_shape);
+      check("reduction ops", "op", same_op, op_text);
+      check("prescale factors", "prescale", same_prescale, prescale_text);
+      check("postscale factors", "postscale", same_postscale, postscale_text);
       if (response.status == Response::Status::kOk && response.contributors < n &&
           base.op == ReduceOp::kProduct && base.prescale != 1.0) {
         response.status = Response::Status::kMismatch;
@@ -403,9 +417,12 @@ Response Controller::make_response(const std::string& name, const Entry& entry) 
         return i.root >= 0 && i.root < set_size() ? world_rank_text(i.root)
                                                   : std::to_string(i.root);
       };
-      check("data types", "dtype", dtype_text, dtype_text);
-      check("tensor shapes", "shape", full_shape, full_shape);
-      check("root ranks", "root", root_text, root_text);
+      const Same same_root = [](const RequestInfo& a, const RequestInfo& b) {
+        return a.root == b.root;
+      };
+      check("data types", "dtype", same_dtype, dtype_text);
+      check("tensor shapes", "shape", same_shape, full_shape);
+      check("root ranks", "root", same_root, root_text);
       if (response.status == Response::Status::kOk && !entry.present[base.root]) {
         response.status = Response::Status::kMismatch;
         response.error = std::string("kolo engine: BROADCAST of tensor '") + name + "'" + where +
@@ -418,12 +435,12 @@ Response Controller::make_response(const std::string& name, const Entry& entry) 
     case RequestKind::kAllgather:
     case RequestKind::kAlltoall: {
       // All but the first dimension must agree.
-      const Text trailing = [](const RequestInfo& i) {
-        std::vector<int64_t> rest(i.shape.begin() + (i.shape.empty() ? 0 : 1), i.shape.end());
-        return std::to_string(i.shape.size()) + ":" + shape_text(rest);
+      const Same same_trailing = [](const RequestInfo& a, const RequestInfo& b) {
+        return a.shape.size() == b.shape.size() && !a.shape.empty() &&
+               std::equal(a.shape.begin() + 1, a.shape.end(), b.shape.begin() + 1);
       };
-      check("data types", "dtype", dtype_text, dtype_text);
-      check("tensor shapes", "shape in all but the first dimension", trailing, full_shape);
+      check("data types", "dtype", same_dtype, dtype_text);
+      check("tensor shapes", "shape in all but the first dimension", same_trailing, full_shape);
       if (response.status != Response::Status::kOk) break;
       if (base.kind == RequestKind::kAllgather) {
         response.rows.assign(n, 0);
@@ -440,8 +457,11 @@ Response Controller::make_response(const std::string& name, const Entry& entry) 
       break;
     }
     case RequestKind::kAddProcessSet: {
+      const Same same_ranks = [](const RequestInfo& a, const RequestInfo& b) {
+        return a.splits == b.splits;
+      };
       const Text ranks_text = [](const RequestInfo& i) { return shape_text(i.splits); };
-      check("process set ranks", "ranks", ranks_text, ranks_text);
+      check("process set ranks", "ranks", same_ranks, ranks_text);
       response.splits = base.splits;
       break;
     }

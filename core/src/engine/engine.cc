@@ -56,6 +56,14 @@ constexpr std::chrono::microseconds kIdleWait{1000};
 // idleness at cycle time 0, so bursts of work keep the lowest latency).
 constexpr int kIdleCyclesBeforeBackoff = 200;
 constexpr const char* kReservedPrefix = "__kolo/";
+// Requests larger than this run alone, directly on the caller's buffers,
+// instead of being packed into a fusion buffer. Packing costs two extra
+// copies of the tensor (in and out); on shm a 256 KiB copy costs about what
+// one collective's fixed latency does, so beyond it fusion loses (measured
+// on 2 shm ranks: the ResNet-50 gradient set packed whole ran ~2.9x the
+// single-buffer allreduce, since pack + unpack triple the memory traffic of
+// shm's cache-pipelined allreduce).
+constexpr int64_t kMaxFusedTensorBytes = 256 << 10;
 
 std::string world_ranks_text(const std::vector<int>& ranks) {
   std::string text = "[";
@@ -651,6 +659,9 @@ void Engine::Impl::execute(SetState& set, std::vector<const Response*>& data) {
         fusable = false;
         break;
     }
+    // Packing costs two extra copies of the tensor; above this size they cost
+    // more than the collective's fixed latency that fusion saves.
+    if (bytes > kMaxFusedTensorBytes) fusable = false;
     if (fusable && threshold > 0) {
       auto it = open_batch.find(key);
       if (it != open_batch.end()) {
