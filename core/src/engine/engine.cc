@@ -209,6 +209,7 @@ struct Engine::Impl {
 
   // --- shared between callers and the engine thread
   detail::TensorQueue queue;
+  std::shared_ptr<detail::EngineWaker> waker = std::make_shared<detail::EngineWaker>();
   mutable std::mutex mutex;              // guards the fields below
   std::map<int, std::vector<int>> sets;  // known process sets -> world ranks
   std::set<int> joining;                 // sets this rank is inside join() for
@@ -288,6 +289,7 @@ Engine::Impl::Impl(std::unique_ptr<Communicator> world_comm, CommunicatorFactory
 Engine::Impl::~Impl() {
   shutdown_requested = true;
   queue.wake();
+  waker->poke();
   if (thread.joinable()) thread.join();
 }
 
@@ -329,6 +331,7 @@ int Engine::Impl::set_size_checked(const std::string& op, int process_set, int* 
 
 Handle Engine::Impl::submit(std::unique_ptr<Request> request) {
   if (!request->handle) request->handle = std::make_shared<HandleState>();
+  request->handle->waker = waker;
   request->submitted = Clock::now();
   std::shared_ptr<HandleState> handle = request->handle;
   std::lock_guard<std::mutex> lock(mutex);
@@ -460,7 +463,7 @@ void Engine::Impl::run() {
       if (idle_cycles > kIdleCyclesBeforeBackoff && cycle < kIdleWait) {
         queue.wait_for_work(kIdleWait);
       } else if (elapsed < cycle) {
-        std::this_thread::sleep_for(cycle - elapsed);
+        waker->sleep_for(cycle - elapsed);  // a caller blocking in wait() ends it early
       }
       if (autotuner) {
         const double seconds = std::chrono::duration<double>(Clock::now() - start).count();

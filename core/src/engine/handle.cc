@@ -50,6 +50,20 @@ std::vector<std::string> HandleState::complete(std::exception_ptr failure, bool 
   return callback_errors;
 }
 
+void EngineWaker::poke() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    poked_ = true;
+  }
+  poked_cv_.notify_one();
+}
+
+void EngineWaker::sleep_for(std::chrono::nanoseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  poked_cv_.wait_for(lock, timeout, [&] { return poked_; });
+  poked_ = false;
+}
+
 bool HandleState::is_done() {
   std::lock_guard<std::mutex> lock(mutex);
   return done;
@@ -76,6 +90,13 @@ bool Handle::poll() const { return state_of(state_, "poll").is_done(); }
 void Handle::wait(std::chrono::milliseconds timeout) const {
   detail::HandleState& s = state_of(state_, "wait");
   std::unique_lock<std::mutex> lock(s.mutex);
+  if (!s.done && s.waker) {
+    // About to block: the engine need not finish its cycle's sleep first.
+    std::shared_ptr<detail::EngineWaker> waker = s.waker;
+    lock.unlock();
+    waker->poke();
+    lock.lock();
+  }
   if (timeout == std::chrono::milliseconds::max()) {
     s.finished.wait(lock, [&] { return s.done; });
   } else {

@@ -9,10 +9,12 @@
 // completion run at once on the registering thread.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -20,6 +22,22 @@
 #include "kolo/core/engine.h"
 
 namespace kolo::detail {
+
+// Lets a caller that blocks on a request cut the engine thread's sleep short:
+// with nothing left to overlap, the next negotiation should start now rather
+// than at the end of the cycle. Shared by the engine and its handles (a handle
+// may outlive the engine; poking a stopped engine does nothing).
+class EngineWaker {
+ public:
+  void poke();
+  // Sleeps up to `timeout`; returns early (and consumes the poke) if poked.
+  void sleep_for(std::chrono::nanoseconds timeout);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable poked_cv_;
+  bool poked_ = false;
+};
 
 struct HandleState {
   std::mutex mutex;
@@ -32,6 +50,7 @@ struct HandleState {
   std::vector<int64_t> received_splits;  // allgather rows per rank / alltoall rows from each rank
   TensorView output;                     // allocated output (allgather, alltoall)
   int64_t value = 0;                     // scalar result (join: the last rank to join)
+  std::shared_ptr<EngineWaker> waker;    // poked by wait() before it blocks
 
   // Runs the pending callbacks, then marks the request finished (error =
   // null on success) and, if `wake`, wakes the waiters. Returns the messages
