@@ -100,7 +100,8 @@ TEST_P(EngineBasic, NameReuseAcrossStepsHitsTheCacheAndEvicts) {
   const int n = world_size();
   EngineWorld world(backend(), n);
   constexpr int kNames = 12;
-  constexpr int kSteps = 300;
+  // Thousands of steps where a step is cheap; TCP (gloo) steps cost more.
+  const int kSteps = backend() == "gloo" ? 60 : n == 2 ? 2000 : 500;
   std::vector<Engine::Stats> stats(n);
   std::vector<Engine::Stats> small_stats(n);
   run_ranks(n, [&](int rank) {
@@ -125,9 +126,9 @@ TEST_P(EngineBasic, NameReuseAcrossStepsHitsTheCacheAndEvicts) {
     stats[rank] = engine->stats();
   });
   for (int r = 0; r < n; ++r) {
-    EXPECT_EQ(stats[r].responses, uint64_t{kNames * kSteps});
+    EXPECT_EQ(stats[r].responses, uint64_t(kNames * kSteps));
     // All but the first step can be agreed through the cache bit vector.
-    EXPECT_GE(stats[r].cache_hits, uint64_t{kNames * (kSteps - 2)});
+    EXPECT_GE(stats[r].cache_hits, uint64_t(kNames * (kSteps - 2)));
     EXPECT_EQ(stats[r].cache_evictions, 0u);
   }
 
@@ -139,7 +140,7 @@ TEST_P(EngineBasic, NameReuseAcrossStepsHitsTheCacheAndEvicts) {
     o.cache_capacity = 4;
     auto engine = small.engine(rank, o);
     std::vector<Tensor> grads(kNames, Tensor({2}));
-    for (int step = 0; step < 40; ++step) {
+    for (int step = 0; step < (backend() == "gloo" ? 10 : 40); ++step) {
       std::vector<Handle> handles(kNames);
       for (int t = 0; t < kNames; ++t) {
         const int u = rank % 2 == 0 ? t : kNames - 1 - t;
