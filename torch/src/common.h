@@ -1,0 +1,71 @@
+// Helpers shared by the frontend's sources (internal).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kolo/torch/tensor.h"
+
+namespace torch::serialize {
+class InputArchive;
+class OutputArchive;
+}  // namespace torch::serialize
+namespace torch::nn {
+class Module;
+}
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace kolo::detail {
+
+// This rank's index in a process set and the set's size. Set 0 answers from
+// the engine; other sets cost one small allgather named "<name>.members" (the
+// engine's public API does not expose set membership).
+struct SetPosition {
+  int rank = 0;
+  int size = 1;
+};
+SetPosition set_position(Engine& engine, int process_set, const std::string& name,
+                         const CallOptions& options);
+
+// Serialised form of an archive (torch's zip format) and back.
+std::string archive_to_bytes(torch::serialize::OutputArchive& archive);
+void archive_from_bytes(const std::string& bytes, torch::serialize::InputArchive& archive);
+
+// Root runs `produce`; its result reaches every rank of the set. If `produce`
+// throws on root, the error reaches every rank instead: root rethrows its own
+// exception, the others throw the same kind (ContractError or RuntimeFault)
+// with root's message. Non-root ranks do not call `produce`.
+// `position` is this rank's place in options.process_set (set_position).
+std::string broadcast_from_root(const std::function<std::string()>& produce, int root,
+                                const SetPosition& position, const std::string& name,
+                                const CallOptions& options);
+
+// Every rank reports the outcome of a local step ("" = success). If any rank
+// failed, every rank throws ContractError naming the failed ranks and their
+// messages, so that no rank carries on alone. One allgather, "<name>.status".
+void agree_on_outcome(const std::string& local_error, const std::string& op,
+                      const std::string& name, const CallOptions& options);
+
+// An optimizer's full state: Optimizer::save, a type tag, and every parameter
+// group's size and options (Optimizer::load in libtorch 1.13 restores the
+// per-parameter state but not the groups' options).
+void save_optimizer(const torch::optim::Optimizer& optimizer,
+                    torch::serialize::OutputArchive& archive);
+// Clears the optimizer's state, then loads what save_optimizer wrote.
+// ContractError naming `source` when the type or the groups differ.
+void load_optimizer(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& archive,
+                    const std::string& source);
+
+// "name dtype [shape]" lines describing named tensors, for cross-rank and
+// checkpoint-vs-model comparisons; and the first line that differs ("" if none).
+std::string tensor_manifest(const std::vector<std::pair<std::string, torch::Tensor>>& tensors);
+std::string manifest_difference(const std::string& expected, const std::string& actual);
+// Parameters ("param/<name>") then buffers ("buffer/<name>"), recursively, in
+// registration order.
+std::vector<std::pair<std::string, torch::Tensor>> module_tensors(const torch::nn::Module& module);
+
+}  // namespace kolo::detail
