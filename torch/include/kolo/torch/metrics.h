@@ -1,0 +1,15 @@
+// Averaging a metric (loss, accuracy ...) over the ranks.
+#pragma once
+
+#include <string>
+
+#include "kolo/torch/tensor.h"
+
+namespace kolo {
+
+// The mean of `value` over the ranks of options.process_set (every rank calls
+// it with the same name; the request is "metric_average/<name>"). Computed in
+// double precision. At world size 1 it returns `value`.
+double metric_average(double value, const std::string& name, const CallOptions& options = {});
+
+}  // namespace kolo
