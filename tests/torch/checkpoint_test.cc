@@ -1,0 +1,287 @@
+// Checkpoints: CRC-32, the file format (atomic write, every kind of damage
+// rejected with the file named), the payload round trip, collective save and
+// load on 1-3 rank-threads with the same error on every rank.
+#include "kolo/torch/checkpoint.h"
+
+#include <gtest/gtest.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kolo/core/errors.h"
+#include "test_net.h"
+#include "torch_harness.h"
+
+namespace kolo {
+namespace {
+
+using testing::kTorchTimeout;
+using testing::run_with_engines;
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ContractError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A fresh directory per test, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    char pattern[] = "/tmp/kolo-ckpt-test-XXXXXX";
+    path_ = ::mkdtemp(pattern);
+  }
+  ~TempDir() { std::system(("rm -rf '" + path_ + "'").c_str()); }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+// Bit-at-a-time CRC-32, the textbook definition.
+uint32_t reference_crc32(const unsigned char* p, size_t n) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (size_t i = 0; i < n; ++i) {
+    crc ^= p[i];
+    for (int k = 0; k < 8; ++k) crc = (crc & 1) ? (crc >> 1) ^ 0xEDB88320u : crc >> 1;
+  }
+  return ~crc;
+}
+
+TEST(Crc32, KnownVectorsAndTheBitwiseDefinition) {
+  EXPECT_EQ(crc32("", 0), 0u);
+  EXPECT_EQ(crc32("123456789", 9), 0xCBF43926u);
+  const std::string fox = "The quick brown fox jumps over the lazy dog";
+  EXPECT_EQ(crc32(fox.data(), fox.size()), 0x414FA339u);  // zlib.crc32
+  // Running checksum over two pieces.
+  EXPECT_EQ(crc32(fox.data() + 10, fox.size() - 10, crc32(fox.data(), 10)), 0x414FA339u);
+  std::mt19937 random(1);
+  std::vector<unsigned char> data(300);
+  for (auto& b : data) b = static_cast<unsigned char>(random());
+  for (size_t offset : {0, 1, 3, 7}) {
+    for (size_t n = 0; n + offset <= data.size(); n += 13) {
+      ASSERT_EQ(crc32(data.data() + offset, n), reference_crc32(data.data() + offset, n))
+          << "offset " << offset << " length " << n;
+    }
+  }
+}
+
+TEST(CheckpointFile, RoundTripLeavesNoTemporaryFile) {
+  TempDir dir;
+  const std::string path = dir.file("model.ckpt");
+  std::string payload(100000, '\0');
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 7);
+  write_checkpoint_file(path, payload);
+  EXPECT_EQ(read_checkpoint_file(path), payload);
+  EXPECT_EQ(read_file(path).size(), payload.size() + 32);
+  // Overwriting replaces the file; no temporary is left next to it.
+  write_checkpoint_file(path, "second");
+  EXPECT_EQ(read_checkpoint_file(path), "second");
+  EXPECT_EQ(std::system(("test $(ls -A '" + dir.path() + "' | wc -l) -eq 1").c_str()), 0);
+}
+
+TEST(CheckpointFile, EveryKindOfDamageIsRejectedWithTheFileNamed) {
+  TempDir dir;
+  const std::string path = dir.file("c.ckpt");
+  write_checkpoint_file(path, std::string(5000, 'x'));
+  const std::string good = read_file(path);
+
+  auto expect_rejected = [&](const std::string& bytes, const std::string& what) {
+    write_file(path, bytes);
+    const std::string message = error_of([&] { read_checkpoint_file(path); });
+    EXPECT_NE(message.find("'" + path + "'"), std::string::npos) << message;
+    EXPECT_NE(message.find(what), std::string::npos) << "expected '" << what << "' in: " << message;
+  };
+  expect_rejected(good.substr(0, good.size() - 1), "truncated");
+  expect_rejected(good.substr(0, 20), "truncated");
+  expect_rejected("", "truncated");
+  expect_rejected(good + "z", "trailing bytes");
+  std::string bad_magic = good;
+  bad_magic[0] = 'X';
+  expect_rejected(bad_magic, "bad magic");
+  std::string bad_size = good;
+  bad_size[16] ^= 1;
+  expect_rejected(bad_size, "corrupt header");
+  for (size_t at : {size_t{32}, size_t{2000}, good.size() - 1}) {
+    std::string corrupt = good;
+    corrupt[at] ^= 0x10;
+    expect_rejected(corrupt, "checksum mismatch");
+  }
+  const std::string missing = dir.file("missing.ckpt");
+  const std::string message = error_of([&] { read_checkpoint_file(missing); });
+  EXPECT_NE(message.find(missing), std::string::npos) << message;
+  EXPECT_NE(message.find("does not exist"), std::string::npos) << message;
+  const std::string unwritable =
+      error_of([&] { write_checkpoint_file("/nonexistent-dir/x", "a"); });
+  EXPECT_NE(unwritable.find("/nonexistent-dir/x"), std::string::npos) << unwritable;
+}
+
+using testing::all_tensors;
+using testing::Net;
+using testing::train_step;
+
+void expect_same_tensors(const Net& a, const Net& b) {
+  auto x = all_tensors(a);
+  auto y = all_tensors(b);
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_TRUE(torch::equal(x[i], y[i])) << "tensor " << i;
+}
+
+TEST(CheckpointPayload, RoundTripOfModelOptimizerStateAndExtras) {
+  Net a;
+  torch::optim::Adam adam_a(a.parameters(), torch::optim::AdamOptions(0.01));
+  train_step(a, adam_a, 1.0f);
+  train_step(a, adam_a, 0.5f);
+  CheckpointState state;
+  state.epoch = 3;
+  state.step = 41;
+  state.seed = 0xFFFFFFFFFFFFFFF0ull;
+  state.sampler = {3, 17};
+  state.extras["note"] = std::string("binary\0data", 11);
+  const std::string payload = encode_checkpoint(a, &adam_a, state, {"r0", "r1"});
+
+  Net b;  // different initial values
+  torch::optim::Adam adam_b(b.parameters(), torch::optim::AdamOptions(0.5));
+  std::vector<std::string> rng;
+  CheckpointState loaded = decode_checkpoint(payload, b, &adam_b, "mem", &rng);
+  EXPECT_EQ(loaded.epoch, 3);
+  EXPECT_EQ(loaded.step, 41);
+  EXPECT_EQ(loaded.seed, 0xFFFFFFFFFFFFFFF0ull);
+  EXPECT_EQ(loaded.sampler, (SamplerPosition{3, 17}));
+  EXPECT_EQ(loaded.extras.at("note"), std::string("binary\0data", 11));
+  EXPECT_EQ(rng, (std::vector<std::string>{"r0", "r1"}));
+  expect_same_tensors(a, b);
+  // The optimizer state and options came along: the next steps are identical.
+  EXPECT_EQ(static_cast<torch::optim::AdamOptions&>(adam_b.param_groups()[0].options()).lr(), 0.01);
+  train_step(a, adam_a, 0.25f);
+  train_step(b, adam_b, 0.25f);
+  expect_same_tensors(a, b);
+}
+
+TEST(CheckpointPayload, AModelThatDoesNotFitIsRejected) {
+  Net a;
+  const std::string payload = encode_checkpoint(a, nullptr, {});
+  torch::nn::Module other;
+  other.register_module("fc", torch::nn::Linear(5, 3));
+  std::string message = error_of([&] { decode_checkpoint(payload, other, nullptr, "f.ckpt"); });
+  EXPECT_NE(message.find("'f.ckpt'"), std::string::npos) << message;
+  EXPECT_NE(message.find("param/fc.weight"), std::string::npos) << message;
+  // Asking for optimizer state that was not saved.
+  Net b;
+  torch::optim::SGD sgd(b.parameters(), torch::optim::SGDOptions(0.1));
+  message = error_of([&] { decode_checkpoint(payload, b, &sgd, "f.ckpt"); });
+  EXPECT_NE(message.find("no optimizer state"), std::string::npos) << message;
+}
+
+TEST(CheckpointRng, GeneratorStateRoundTrip) {
+  torch::manual_seed(5);
+  const std::string state = default_generator_state();
+  const torch::Tensor first = torch::rand({4});
+  set_default_generator_state(state);
+  EXPECT_TRUE(torch::equal(torch::rand({4}), first));
+  EXPECT_THROW(set_default_generator_state("short"), ContractError);
+}
+
+class CheckpointCollective : public ::testing::TestWithParam<int> {};
+
+TEST_P(CheckpointCollective, SaveOnRootLoadEverywhere) {
+  const int n = GetParam();
+  TempDir dir;
+  const std::string path = dir.file("run.ckpt");
+  std::vector<Net> saved(n);
+  run_with_engines(n, [&](int rank, Engine& engine) {
+    CheckpointOptions o;
+    o.engine = &engine;
+    o.timeout = kTorchTimeout;
+    o.rng = false;  // ranks as threads share one generator (see checkpoint.h)
+    Net& net = saved[rank];
+    torch::optim::SGD sgd(net.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    train_step(net, sgd, 1.0f + rank);
+    CheckpointState state;
+    state.epoch = 2;
+    state.step = 7;
+    state.sampler = {2, 5};
+    save_checkpoint(path, net, &sgd, state, o);
+
+    Net fresh;
+    torch::optim::SGD fresh_sgd(fresh.parameters(), torch::optim::SGDOptions(0.5).momentum(0.9));
+    CheckpointState loaded = load_checkpoint(path, fresh, &fresh_sgd, o);
+    EXPECT_EQ(loaded.epoch, 2);
+    EXPECT_EQ(loaded.step, 7);
+    EXPECT_EQ(loaded.sampler, (SamplerPosition{2, 5}));
+    EXPECT_FALSE(loaded.rng_restored);
+    expect_same_tensors(saved[0], fresh);  // root's model everywhere
+  });
+}
+
+TEST_P(CheckpointCollective, DamagedOrMissingFileIsTheSameErrorOnEveryRank) {
+  const int n = GetParam();
+  TempDir dir;
+  const std::string path = dir.file("bad.ckpt");
+  {
+    Net net;
+    write_checkpoint_file(path, encode_checkpoint(net, nullptr, {}));
+    std::string bytes = read_file(path);
+    write_file(path, bytes.substr(0, bytes.size() / 2));
+  }
+  std::vector<std::string> messages(n);
+  std::vector<std::string> missing(n);
+  run_with_engines(n, [&](int rank, Engine& engine) {
+    CheckpointOptions o;
+    o.engine = &engine;
+    o.timeout = kTorchTimeout;
+    Net net;
+    messages[rank] = error_of([&] { load_checkpoint(path, net, nullptr, o); });
+    missing[rank] = error_of([&] { load_checkpoint(dir.file("none.ckpt"), net, nullptr, o); });
+  });
+  for (int rank = 0; rank < n; ++rank) {
+    EXPECT_NE(messages[rank].find(path), std::string::npos) << messages[rank];
+    EXPECT_NE(messages[rank].find("truncated"), std::string::npos) << messages[rank];
+    EXPECT_NE(missing[rank].find("does not exist"), std::string::npos) << missing[rank];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, CheckpointCollective, ::testing::Values(1, 2, 3),
+                         [](const auto& info) { return "np" + std::to_string(info.param); });
+
+TEST(CheckpointCollective, RestoresTheGeneratorAtWorldSizeOne) {
+  TempDir dir;
+  const std::string path = dir.file("rng.ckpt");
+  run_with_engines(1, [&](int, Engine& engine) {
+    CheckpointOptions o;
+    o.engine = &engine;
+    o.timeout = kTorchTimeout;
+    Net net;
+    torch::manual_seed(123);
+    save_checkpoint(path, net, nullptr, {}, o);
+    const torch::Tensor expected = torch::rand({3});
+    torch::manual_seed(999);
+    CheckpointState state = load_checkpoint(path, net, nullptr, o);
+    EXPECT_TRUE(state.rng_restored);
+    EXPECT_TRUE(torch::equal(torch::rand({3}), expected));
+  });
+}
+
+}  // namespace
+}  // namespace kolo

@@ -1,0 +1,19 @@
+// kolo's libtorch frontend: everything a training program needs.
+//
+//   kolo::init();                                      // kolo/core/runtime.h
+//   kolo::broadcast_parameters(*model, /*root=*/0);     // kolo/torch/broadcast.h
+//   kolo::DistributedSampler sampler(n, {});            // kolo/torch/sampler.h
+//   double loss = kolo::metric_average(local, "loss");  // kolo/torch/metrics.h
+//
+// See docs/torch.md. Each header can also be included on its own (they are
+// lighter than <torch/torch.h>).
+#pragma once
+
+#include "kolo/core/errors.h"
+#include "kolo/core/runtime.h"
+#include "kolo/torch/broadcast.h"
+#include "kolo/torch/checkpoint.h"
+#include "kolo/torch/lr.h"
+#include "kolo/torch/metrics.h"
+#include "kolo/torch/sampler.h"
+#include "kolo/torch/tensor.h"
