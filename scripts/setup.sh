@@ -11,6 +11,8 @@ packages=(
   libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libopenblas0-pthread               # libtorch otherwise uses the reference BLAS
+  libtorch-dev                       # the libtorch frontend (torch/, kolo_torch)
+  dataset-fashion-mnist              # examples/fashion_mnist's data
 )
 
 missing=()
