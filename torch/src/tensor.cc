@@ -511,7 +511,7 @@ std::string broadcast_from_root(const std::function<std::string()>& produce, int
   const char kind = received[0];
   received.erase(0, 1);
   if (kind == '+') return received;
-  const std::string text = "(error on root rank " + std::to_string(root) + ") " + received;
+  const std::string text = received + " (reported by root rank " + std::to_string(root) + ")";
   if (kind == 'R') throw RuntimeFault(text);
   throw ContractError(text);
 }
