@@ -27,6 +27,7 @@
 
 #include "half.h"
 #include "kolo/core/errors.h"
+#include "rounding.h"
 
 #define KOLO_HOT_KERNEL __attribute__((target_clones("avx2", "default")))
 #define KOLO_INLINE inline __attribute__((always_inline))
@@ -61,19 +62,6 @@ struct BF16Codec {
   static KOLO_INLINE Acc load(Storage v) { return bf16_to_float_inline(v); }
   static KOLO_INLINE Storage store(Acc v) { return float_to_bf16_inline(v); }
 };
-
-// Rounds to nearest (ties away from zero) and saturates; NaN -> 0.
-template <typename T>
-KOLO_INLINE T round_saturate(double v) {
-  // max + 1 (2^63 for i64 after rounding): anything at or above saturates.
-  constexpr double kUpper = static_cast<double>(std::numeric_limits<T>::max()) + 1.0;
-  constexpr double kLower = static_cast<double>(std::numeric_limits<T>::min());
-  const double r = std::round(v);
-  if (!(r == r)) return 0;
-  if (r >= kUpper) return std::numeric_limits<T>::max();
-  if (r <= kLower) return std::numeric_limits<T>::min();
-  return static_cast<T>(r);
-}
 
 template <typename T>
 struct ScaledIntCodec {  // integers with a scale or average: accumulate in double

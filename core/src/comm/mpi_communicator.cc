@@ -507,21 +507,7 @@ class MpiCommunicator : public Communicator {
   void alltoallv(const void* in, const std::vector<size_t>& send_counts, void* out,
                  const std::vector<size_t>& recv_counts, DType dtype,
                  const CollectiveOptions& options) override {
-    check_counts_arg(CollectiveKind::kAlltoallv, "send_counts", send_counts, size_);
-    check_counts_arg(CollectiveKind::kAlltoallv, "recv_counts", recv_counts, size_);
-    size_t send_total = 0;
-    size_t recv_total = 0;
-    for (int k = 0; k < size_; ++k) {
-      send_total += send_counts[k];
-      recv_total += recv_counts[k];
-    }
-    check_local_args(CollectiveKind::kAlltoallv, size_, send_total > 0 ? in : out, out,
-                     std::max(send_total, recv_total), nullptr, 0);
-    if (send_total > 0 && recv_total > 0 && in == out) {
-      throw ContractError(
-          "kolo alltoallv: in and out are the same buffer; alltoallv has no "
-          "in-place form, pass a separate output buffer");
-    }
+    check_alltoallv_args(size_, in, send_counts, out, recv_counts);
     const std::vector<int> sends = int_counts(send_counts, "alltoallv", "send_counts");
     const std::vector<int> recvs = int_counts(recv_counts, "alltoallv", "recv_counts");
     run(plain_signature(CollectiveKind::kAlltoallv, 0, dtype), options.timeout,

@@ -947,27 +947,7 @@ void ShmCommunicator::alltoallv(const void* in, const std::vector<size_t>& send_
     Call call = open_call(CollectiveKind::kAlltoallv, options.timeout);
     const size_t n = static_cast<size_t>(size_);
     call.local_error = local_error([&] {
-      check_counts_arg(CollectiveKind::kAlltoallv, "send_counts", send_counts, size_);
-      check_counts_arg(CollectiveKind::kAlltoallv, "recv_counts", recv_counts, size_);
-      size_t send_total = 0;
-      size_t recv_total = 0;
-      for (size_t k = 0; k < n; ++k) {
-        send_total += send_counts[k];
-        recv_total += recv_counts[k];
-      }
-      if (send_total > 0 && in == nullptr) {
-        throw ContractError("kolo alltoallv: in is null but send_counts add up to " +
-                            std::to_string(send_total) + " elements");
-      }
-      if (recv_total > 0 && out == nullptr) {
-        throw ContractError("kolo alltoallv: out is null but recv_counts add up to " +
-                            std::to_string(recv_total) + " elements");
-      }
-      if (send_total > 0 && recv_total > 0 && in == out) {
-        throw ContractError(
-            "kolo alltoallv: in == out, but alltoallv has no in-place variant; "
-            "pass separate buffers");
-      }
+      check_alltoallv_args(size_, in, send_counts, out, recv_counts);
       dtype_size(dtype);
     });
     const CallSignature signature = make_signature(CollectiveKind::kAlltoallv, calls_, 0, dtype);

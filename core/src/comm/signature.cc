@@ -169,6 +169,31 @@ void check_signatures(const std::vector<CallSignature>& signatures) {
   }
 }
 
+void check_alltoallv_args(int size, const void* in, const std::vector<size_t>& send_counts,
+                          const void* out, const std::vector<size_t>& recv_counts) {
+  check_counts_arg(CollectiveKind::kAlltoallv, "send_counts", send_counts, size);
+  check_counts_arg(CollectiveKind::kAlltoallv, "recv_counts", recv_counts, size);
+  size_t send_total = 0;
+  size_t recv_total = 0;
+  for (int k = 0; k < size; ++k) {
+    send_total += send_counts[k];
+    recv_total += recv_counts[k];
+  }
+  if (send_total > 0 && in == nullptr) {
+    throw ContractError("kolo alltoallv: in is null but send_counts add up to " +
+                        std::to_string(send_total) + " elements");
+  }
+  if (recv_total > 0 && out == nullptr) {
+    throw ContractError("kolo alltoallv: out is null but recv_counts add up to " +
+                        std::to_string(recv_total) + " elements");
+  }
+  if (send_total > 0 && recv_total > 0 && in == out) {
+    throw ContractError(
+        "kolo alltoallv: in == out, but alltoallv has no in-place variant; pass separate "
+        "buffers");
+  }
+}
+
 void check_local_args(CollectiveKind kind, int size, const void* in, const void* out, size_t count,
                       const AllreduceOptions* reduce_options, int root) {
   const std::string where = prefix(kind);

@@ -58,6 +58,12 @@ void check_local_args(CollectiveKind kind, int size, const void* in, const void*
 void check_counts_arg(CollectiveKind kind, const char* argument, const std::vector<size_t>& counts,
                       int size);
 
+// Local checks of alltoallv's arguments, shared by every backend: both counts
+// vectors hold `size` entries, a buffer whose counts add up to more than 0 is
+// not null, and in != out (alltoallv has no in-place form).
+void check_alltoallv_args(int size, const void* in, const std::vector<size_t>& send_counts,
+                          const void* out, const std::vector<size_t>& recv_counts);
+
 // alltoallv consistency across ranks, for backends that see every rank's
 // vectors (threads, shm): send_counts[r][k] must equal recv_counts[k][r].
 // Throws the same ContractError on every rank, naming both ranks and values.

@@ -8,22 +8,12 @@
 
 #include "half.h"
 #include "reduce.h"
+#include "rounding.h"
 
 namespace kolo::detail {
 
 namespace {
 
-// Same rounding as reduce.cc: nearest, ties away from zero, saturating; NaN -> 0.
-template <typename T>
-T round_saturate(double v) {
-  constexpr double kUpper = static_cast<double>(std::numeric_limits<T>::max()) + 1.0;
-  constexpr double kLower = static_cast<double>(std::numeric_limits<T>::min());
-  const double r = std::round(v);
-  if (!(r == r)) return 0;
-  if (r >= kUpper) return std::numeric_limits<T>::max();
-  if (r <= kLower) return std::numeric_limits<T>::min();
-  return static_cast<T>(r);
-}
 
 template <typename T>
 void ints_to_double(const void* in, void* work, size_t count) {
