@@ -1,0 +1,199 @@
+// DistributedOptimizer equivalence: n ranks with batch B each train exactly
+// as one process with batch n * B (the gradient of the mean loss over n * B
+// rows is the average of the ranks' gradients), for SGD with momentum and
+// Adam, with fp16 / bf16 compression, op = sum, a predivide factor, local
+// accumulation over k backward passes, and at world size 1.
+//
+// Tolerances (float32, element-wise |a - e| <= atol + rtol * |e|):
+//   exact reduction:   rtol 1e-5, atol 1e-6 (summation order differs)
+//   fp16 compression:  rtol 2e-3, atol 2e-4 (10 mantissa bits)
+//   bf16 compression:  rtol 2e-2, atol 2e-3 (7 mantissa bits)
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "kolo/torch/optimizer.h"
+#include "optimizer_harness.h"
+#include "thread_ranks.h"
+
+namespace kolo {
+namespace {
+
+namespace ot = optimizer_testing;
+
+using ot::Batch;
+using ot::clone_of;
+using ot::EngineWorld;
+using ot::Mlp;
+using ot::OptimizerKind;
+
+constexpr int kSteps = 5;
+constexpr int64_t kBatch = 6;  // rows per rank per backward pass
+constexpr double kRtol = 1e-5;
+constexpr double kAtol = 1e-6;
+
+struct TrainingRun {
+  int world = 2;
+  OptimizerKind kind = OptimizerKind::kSgd;
+  double lr = 0.05;
+  DistributedOptimizerOptions options;
+};
+
+// The reference: one process, plain optimizer, every rank's rows of each
+// step in one batch (all k passes' rows too). With op = sum the ranks' mean
+// losses are summed instead of averaged.
+std::shared_ptr<Mlp> train_single(const Mlp& initial, const std::vector<Batch>& batches,
+                                  const TrainingRun& run) {
+  auto model = clone_of(initial);
+  auto optimizer = ot::make_optimizer(run.kind, model->parameters(), run.lr);
+  for (const Batch& batch : batches) {
+    optimizer->zero_grad();
+    torch::Tensor loss = ot::loss_of(*model, batch.x, batch.y);
+    if (run.options.op == ReduceOp::kSum) loss = loss * run.world;
+    loss.backward();
+    optimizer->step();
+  }
+  return model;
+}
+
+// `run.world` ranks as threads: rank r's rows of pass p of a step are block
+// (p * world + r) of the step's batch, B rows each.
+std::vector<std::shared_ptr<Mlp>> train_distributed(const Mlp& initial,
+                                                    const std::vector<Batch>& batches,
+                                                    const TrainingRun& run) {
+  const int k = run.options.backward_passes_per_step;
+  EngineWorld world("threads", run.world);
+  std::vector<std::shared_ptr<Mlp>> models;
+  for (int r = 0; r < run.world; ++r) models.push_back(clone_of(initial));
+  ot::run_ranks(run.world, [&](int rank) {
+    auto engine = world.engine(rank);
+    Mlp& model = *models[rank];
+    auto optimizer = ot::make_optimizer(run.kind, model.parameters(), run.lr);
+    DistributedOptimizerOptions options = run.options;
+    options.engine = engine.get();
+    options.timeout = ot::kEngineTimeout;
+    DistributedOptimizer distributed(*optimizer, model.named_parameters(), options);
+    for (const Batch& batch : batches) {
+      distributed.zero_grad();
+      for (int pass = 0; pass < k; ++pass) {
+        const int64_t block = pass * run.world + rank;
+        torch::Tensor x = batch.x.slice(0, block * kBatch, (block + 1) * kBatch);
+        torch::Tensor y = batch.y.slice(0, block * kBatch, (block + 1) * kBatch);
+        ot::loss_of(model, x, y).backward();
+      }
+      distributed.step();
+    }
+    const auto stats = distributed.stats();
+    EXPECT_EQ(stats.steps, batches.size());
+    // Every gradient's allreduce started inside backward(), none was missing.
+    EXPECT_EQ(stats.hook_submissions, batches.size() * model.parameters().size());
+    EXPECT_EQ(stats.step_submissions, 0u);
+    ot::finish(*engine);
+  });
+  return models;
+}
+
+// `lossy`: compression must leave a visible rounding difference (so the test
+// cannot pass with compression silently off).
+void expect_equivalent(const TrainingRun& run, double rtol, double atol, bool lossy = false) {
+  torch::manual_seed(7);
+  Mlp initial;
+  const int k = run.options.backward_passes_per_step;
+  const auto batches = ot::make_batches(kSteps, run.world * k * kBatch);
+  auto expected = train_single(initial, batches, run);
+  auto actual = train_distributed(initial, batches, run);
+  for (int r = 0; r < run.world; ++r) {
+    ot::expect_params_close(*actual[r], *expected, rtol, atol, "rank " + std::to_string(r));
+  }
+  if (lossy) {
+    EXPECT_GT((actual[0]->fc1->weight - expected->fc1->weight).abs().max().item<double>(), 0.0);
+  }
+  // The run moved the parameters (the comparison is not vacuous).
+  EXPECT_GT((expected->fc1->weight - initial.fc1->weight).abs().max().item<double>(), 1e-3);
+}
+
+class OptimizerEquivalence : public ::testing::Test {
+ protected:
+  void SetUp() override { torch::set_num_threads(1); }
+};
+
+TEST_F(OptimizerEquivalence, SgdTwoRanksMatchOneProcessWithTheWholeBatch) {
+  TrainingRun run;
+  run.kind = OptimizerKind::kSgd;
+  expect_equivalent(run, kRtol, kAtol);
+}
+
+TEST_F(OptimizerEquivalence, AdamTwoRanksMatchOneProcessWithTheWholeBatch) {
+  TrainingRun run;
+  run.kind = OptimizerKind::kAdam;
+  run.lr = 1e-2;
+  expect_equivalent(run, kRtol, kAtol);
+}
+
+TEST_F(OptimizerEquivalence, AdamThreeRanks) {
+  TrainingRun run;
+  run.world = 3;
+  run.kind = OptimizerKind::kAdam;
+  run.lr = 1e-2;
+  expect_equivalent(run, kRtol, kAtol);
+}
+
+TEST_F(OptimizerEquivalence, WorldOfOneMatchesThePlainOptimizer) {
+  TrainingRun run;
+  run.world = 1;
+  run.kind = OptimizerKind::kAdam;
+  run.lr = 1e-2;
+  expect_equivalent(run, kRtol, kAtol);
+}
+
+TEST_F(OptimizerEquivalence, SumOfRanksMatchesTheSumOfTheirLosses) {
+  TrainingRun run;
+  run.options.op = ReduceOp::kSum;
+  expect_equivalent(run, kRtol, kAtol);
+}
+
+// SGD below where a wrong scale must show: Adam is nearly invariant to the
+// gradients' scale.
+TEST_F(OptimizerEquivalence, PredivideFactorDoesNotChangeTheAverage) {
+  TrainingRun run;
+  run.options.gradient_predivide_factor = 4.0;
+  expect_equivalent(run, kRtol, kAtol);
+}
+
+TEST_F(OptimizerEquivalence, Fp16CompressionWithinHalfPrecision) {
+  TrainingRun run;
+  run.options.compression = Compression::kFp16;
+  expect_equivalent(run, 2e-3, 2e-4, /*lossy=*/true);
+}
+
+TEST_F(OptimizerEquivalence, Bf16CompressionWithinBfloat16Precision) {
+  TrainingRun run;
+  run.options.compression = Compression::kBf16;
+  expect_equivalent(run, 2e-2, 2e-3, /*lossy=*/true);
+}
+
+TEST_F(OptimizerEquivalence, BackwardPassesPerStepMatchTheAccumulatedBatch) {
+  TrainingRun run;
+  run.options.backward_passes_per_step = 3;
+  expect_equivalent(run, kRtol, kAtol);
+}
+
+TEST_F(OptimizerEquivalence, BackwardPassesPerStepWithAdam) {
+  TrainingRun run;
+  run.kind = OptimizerKind::kAdam;
+  run.lr = 1e-2;
+  run.options.backward_passes_per_step = 2;
+  expect_equivalent(run, kRtol, kAtol);
+}
+
+TEST_F(OptimizerEquivalence, BackwardPassesPerStepAtWorldSizeOne) {
+  TrainingRun run;
+  run.world = 1;
+  run.options.backward_passes_per_step = 2;
+  expect_equivalent(run, kRtol, kAtol);
+}
+
+}  // namespace
+}  // namespace kolo

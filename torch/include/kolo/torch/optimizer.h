@@ -1,0 +1,175 @@
+// DistributedOptimizer: data-parallel training with any torch::optim
+// optimizer (Horovod's hvd.DistributedOptimizer for libtorch's C++ frontend).
+//
+//   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+//   kolo::DistributedOptimizer optimizer(adam, model->named_parameters());
+//   ...
+//   optimizer.zero_grad();
+//   loss.backward();    // each gradient's allreduce starts as soon as it is ready
+//   optimizer.step();   // waits for them, then steps `adam`
+//
+// Overlap. The constructor registers a post-accumulate hook on every
+// parameter's gradient accumulator. backward() produces gradients from the
+// last layer to the first; the moment a parameter's .grad() is written, its
+// allreduce is handed to the engine (request "grad/<name>"), which negotiates,
+// fuses and reduces on its own thread while backward() goes on computing the
+// earlier layers' gradients. step() waits for every allreduce, writes the
+// results into .grad() and then steps the wrapped optimizer.
+//
+// Every step, every rank submits the same set of gradients: all parameters of
+// the wrapped optimizer that require a gradient when the DistributedOptimizer
+// is constructed (parameters with requires_grad == false are skipped on every
+// rank; the set is fixed at construction, so build a new DistributedOptimizer
+// after freezing or unfreezing parameters).
+//
+// Parameters without a gradient this step. A parameter whose hook did not fire
+// (a branch of the model not taken on this rank, a layer unused this step) is
+// submitted by step() with its current .grad(), or with zeros if .grad() is
+// undefined (the zeros are stored in .grad()). So no rank waits for a gradient
+// another rank never sends (the "Expected to have finished reduction" failure
+// of DDP and Horovod), and after step() every such parameter holds the average
+// of the other ranks' gradients. As a consequence, a parameter that no rank
+// used still gets a defined, all-zero gradient and the wrapped optimizer steps
+// it (SGD without momentum or weight decay leaves it unchanged; Adam's moments
+// decay), where a single process would have skipped it. libtorch 1.13's
+// zero_grad() keeps gradients defined (it fills them with zeros), so in the
+// usual loop .grad() is zeros rather than undefined anyway.
+//
+// Local accumulation. With backward_passes_per_step = k, gradients accumulate
+// locally in .grad() over k backward passes (as without kolo) and a
+// parameter's allreduce starts in its k-th pass; the result is divided by k
+// (Horovod's average_aggregated_gradients), so k passes over batches of B
+// followed by step() equal one step on a batch of k * B when each pass's loss
+// is a mean over its batch. A gradient computed once more after its allreduce
+// started is a ContractError from backward(); step() after fewer than k
+// passes submits what has accumulated (still divided by k).
+//
+// Scaling. op = kAverage: prescale 1 / (f * k), postscale f, and the engine
+// divides by the number of ranks, where f = gradient_predivide_factor
+// (Horovod's semantics: dividing part before the sum keeps fp16 sums in
+// range). op = kSum: prescale 1 / k, no division by the ranks.
+//
+// Compression. kFp16 / kBf16: each float32 or float64 gradient is copied into
+// a buffer of that dtype (kept for the next step), reduced in it and copied
+// back by step(). Halves the bytes sent; costs precision (fp16 keeps about 3
+// decimal digits, bf16 about 2). Gradients of other dtypes are sent as they
+// are.
+//
+// Threads. backward() and the calls below must come from one thread at a
+// time (the usual training loop). At world size 1 the same code runs: every
+// gradient still goes through the engine (which then copies nothing).
+//
+// Errors. A failed allreduce (a dead peer, a mismatch) is rethrown by step()
+// with the engine's message, which names the gradient and the ranks; the
+// optimizer is not stepped, and the DistributedOptimizer is ready for the
+// next step.
+#pragma once
+
+#include <torch/ordered_dict.h>
+#include <torch/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kolo/core/dtype.h"
+#include "kolo/torch/tensor.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace kolo {
+
+enum class Compression {
+  kNone,
+  kFp16,  // IEEE half
+  kBf16,  // bfloat16
+};
+
+// "none", "fp16", "bf16"; ContractError listing them otherwise.
+Compression parse_compression(const std::string& name);
+const char* compression_name(Compression compression);
+
+struct DistributedOptimizerOptions {
+  ReduceOp op = ReduceOp::kAverage;  // kAverage or kSum
+  Compression compression = Compression::kNone;
+  int backward_passes_per_step = 1;        // k >= 1
+  double gradient_predivide_factor = 1.0;  // f > 0; != 1 only with kAverage
+  int process_set = 0;                     // 0 = all ranks
+  Engine* engine = nullptr;                // nullptr = kolo::runtime().engine()
+  // How long step() / synchronize() wait for each allreduce before
+  // TimeoutError (the engine's stall inspector fails stuck requests too).
+  std::chrono::milliseconds timeout = std::chrono::milliseconds::max();
+  // Request names are prefix + parameter name. Two DistributedOptimizers
+  // whose parameters share names (e.g. two models' "fc.weight") need
+  // different prefixes.
+  std::string name_prefix = "grad/";
+};
+
+class DistributedOptimizer {
+ public:
+  // Wraps `optimizer` (which must outlive this object). Every parameter of
+  // the optimizer's groups needs a name from `named_parameters` (typically
+  // model->named_parameters()); names not in the optimizer are ignored.
+  //
+  // Collective: every rank of the process set constructs its
+  // DistributedOptimizer at the same point of the program. The ranks compare
+  // their parameters (names, dtypes, shapes, requires_grad) with rank 0's of
+  // the set; any difference, a parameter without a name, a duplicate name or
+  // an invalid option is a ContractError on every rank.
+  DistributedOptimizer(torch::optim::Optimizer& optimizer,
+                       const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
+                       const DistributedOptimizerOptions& options = {});
+  DistributedOptimizer(torch::optim::Optimizer& optimizer,
+                       const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
+                       const DistributedOptimizerOptions& options = {});
+  // Without names: parameter j of group g is named "<g>.<j>".
+  explicit DistributedOptimizer(torch::optim::Optimizer& optimizer,
+                                const DistributedOptimizerOptions& options = {});
+  // Removes the hooks. Allreduces still running keep their tensors alive and
+  // finish on their own; call step() or synchronize() first to use them.
+  ~DistributedOptimizer();
+  DistributedOptimizer(const DistributedOptimizer&) = delete;
+  DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
+
+  // Waits for every gradient's allreduce (submitting those whose hook has
+  // not fired, see above), writes the results into .grad(), then steps the
+  // wrapped optimizer. Returns what the wrapped step returns. If synchronize()
+  // was called since the last backward pass, does not synchronize again (so
+  // gradients can be clipped in between, as with Horovod).
+  torch::Tensor step();
+  // The first half of step(): after it, every parameter's .grad() holds the
+  // reduced gradient.
+  void synchronize();
+  // The wrapped optimizer's zero_grad(), and local accumulation restarts.
+  // ContractError if allreduces started by backward() have not been waited
+  // for by step() or synchronize() (they still write into the gradients).
+  void zero_grad();
+
+  torch::optim::Optimizer& optimizer() { return optimizer_; }
+  const DistributedOptimizerOptions& options() const;
+  // The request names, in the order step() submits missing gradients (the
+  // optimizer's parameter order; skipped parameters are not listed).
+  std::vector<std::string> gradient_names() const;
+
+  // Counters since construction.
+  struct Stats {
+    uint64_t steps = 0;             // synchronizations completed
+    uint64_t hook_submissions = 0;  // allreduces started by a hook, inside backward()
+    uint64_t step_submissions = 0;  // allreduces started by step() / synchronize()
+    uint64_t zero_filled = 0;       // of those, gradients that were undefined (sent as zeros)
+  };
+  Stats stats() const;
+
+  struct State;  // shared with the hooks (internal)
+
+ private:
+  torch::optim::Optimizer& optimizer_;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace kolo
