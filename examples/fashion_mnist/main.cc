@@ -1,0 +1,364 @@
+// Fashion-MNIST on kolo: data-parallel training of a small CNN with libtorch's
+// C++ frontend, following the Horovod recipe step by step.
+//
+//   build/launcher/kolorun -np 2 build/examples/fashion_mnist/fashion_mnist --epochs 2
+//
+// Every worker runs this same program on its own shard of the training data.
+// After each backward pass the workers average their gradients (kolo's
+// DistributedOptimizer does it while backward() is still running), so all of
+// them take the same optimizer step and keep identical weights: together they
+// train one model with a global batch of workers x --batch-size images.
+//
+// The recipe:
+//   1. kolo::init(), and set the threads each worker computes with
+//   2. load the data and give each worker its shard (DistributedSampler)
+//   3. build the model (the seed's Keras CNN)
+//   4. scale the learning rate by the number of workers, reached by a warmup
+//   5. wrap the optimizer in kolo::DistributedOptimizer
+//   6. start every worker from rank 0's weights and optimizer state
+//      (or from a checkpoint)
+//   7. train; average the metrics across workers; rank 0 prints and saves
+#include <torch/torch.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "fashion_mnist_data.h"
+#include "kolo/torch.h"
+#include "kolo/torch/optimizer.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// --- Flags -------------------------------------------------------------------
+
+struct Flags {
+  int epochs = 2;
+  int64_t batch_size = 64;           // per worker; the global batch is workers x this
+  double lr = 1e-3;                  // Adam's rate for one worker
+  bool scale_lr = false;             // multiply lr by the number of workers (Goyal et al.)
+  double warmup_epochs = 0;          // reach the scaled rate linearly over this many epochs
+  std::string checkpoint_dir;        // "" = no checkpoints
+  bool resume = false;               // start from <checkpoint-dir>/checkpoint.kolo
+  int threads = 0;                   // 0 = $OMP_NUM_THREADS (kolorun sets it), else 1
+  int64_t train_subset = 0;          // 0 = all 60000 training images
+  int64_t test_subset = 0;           // 0 = all 10000 test images
+  std::string compression = "none";  // gradients on the wire: none, fp16, bf16
+  std::string data_dir = fashion_mnist::kDefaultDataDir;
+  uint64_t seed = 42;
+  int progress_lines = 10;  // progress lines per epoch on rank 0
+};
+
+int default_threads() {
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  const int n = omp ? std::atoi(omp) : 0;
+  return n > 0 ? n : 1;
+}
+
+// --- The model: the seed's Keras CNN -----------------------------------------
+//
+//   Conv2D(32, 3x3, ReLU) -> Conv2D(64, 3x3, ReLU) -> MaxPool(2x2) -> Dropout(0.25)
+//   -> Flatten -> Dense(128, ReLU) -> Dropout(0.5) -> Dense(10)
+//
+// 1.2 M parameters, almost all of them in fc1 (9216 x 128).
+struct CnnImpl : torch::nn::Module {
+  CnnImpl()
+      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3)))),
+        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3)))),
+        fc1(register_module("fc1", torch::nn::Linear(64 * 12 * 12, 128))),
+        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
+
+  torch::Tensor forward(torch::Tensor x) {  // (B, 1, 28, 28) in [0, 1]
+    x = torch::relu(conv1(x));              // (B, 32, 26, 26)
+    x = torch::relu(conv2(x));              // (B, 64, 24, 24)
+    x = torch::max_pool2d(x, 2);            // (B, 64, 12, 12)
+    x = torch::dropout(x, 0.25, is_training());
+    x = x.flatten(1);         // (B, 9216)
+    x = torch::relu(fc1(x));  // (B, 128)
+    x = torch::dropout(x, 0.5, is_training());
+    return fc2(x);  // (B, 10) logits; the loss applies softmax
+  }
+
+  torch::nn::Conv2d conv1, conv2;
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Cnn);
+
+// A batch of images as the model wants them: (B, 1, 28, 28) float in [0, 1].
+torch::Tensor as_input(const torch::Tensor& images_u8) {
+  return images_u8.to(torch::kFloat).div_(255.0);
+}
+
+// This rank's indices for the epoch as a tensor, for index_select.
+torch::Tensor index_tensor(const kolo::DistributedSampler& sampler) {
+  const auto& indices = sampler.indices();
+  torch::Tensor t = torch::empty({static_cast<int64_t>(indices.size())}, torch::kLong);
+  int64_t* out = t.data_ptr<int64_t>();
+  for (size_t i = 0; i < indices.size(); ++i) out[i] = static_cast<int64_t>(indices[i]);
+  return t;
+}
+
+// Keras-style progress: " 47/469 [===>.........] - ETA: 40s - 94ms/step - loss: ... - accuracy:
+// ..."
+void print_progress(int64_t step, int64_t steps, double elapsed_s, double loss, double accuracy,
+                    bool done) {
+  constexpr int kWidth = 30;
+  const int filled = static_cast<int>(kWidth * step / steps);
+  std::string bar(static_cast<size_t>(filled), '=');
+  if (filled < kWidth) bar += '>' + std::string(static_cast<size_t>(kWidth - filled - 1), '.');
+  const double per_step_ms = 1000.0 * elapsed_s / static_cast<double>(step);
+  const int width = static_cast<int>(std::to_string(steps).size());
+  if (done) {
+    std::printf("%*lld/%lld [%s] - %.0fs %.0fms/step - loss: %.4f - accuracy: %.4f\n", width,
+                static_cast<long long>(step), static_cast<long long>(steps), bar.c_str(), elapsed_s,
+                per_step_ms, loss, accuracy);
+  } else {
+    const double eta_s = per_step_ms * static_cast<double>(steps - step) / 1000.0;
+    std::printf("%*lld/%lld [%s] - ETA: %.0fs - %.0fms/step - loss: %.4f - accuracy: %.4f\n", width,
+                static_cast<long long>(step), static_cast<long long>(steps), bar.c_str(), eta_s,
+                per_step_ms, loss, accuracy);
+  }
+  std::fflush(stdout);
+}
+
+struct Evaluation {
+  double loss = 0;
+  double accuracy = 0;
+};
+
+// Test loss and accuracy on this rank's shard of the test set, then averaged
+// across the ranks (equal shards, so the average is the whole set's).
+Evaluation evaluate(Cnn& model, const fashion_mnist::Split& test) {
+  kolo::DistributedSamplerOptions shard;
+  shard.shuffle = false;
+  kolo::DistributedSampler sampler(static_cast<size_t>(test.images.size(0)), shard);
+  const torch::Tensor indices = index_tensor(sampler);
+  model->eval();
+  torch::NoGradGuard no_grad;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  constexpr int64_t kEvalBatch = 500;
+  for (int64_t start = 0; start < indices.size(0); start += kEvalBatch) {
+    const torch::Tensor rows = indices.slice(0, start, start + kEvalBatch);
+    const torch::Tensor logits = model->forward(as_input(test.images.index_select(0, rows)));
+    const torch::Tensor labels = test.labels.index_select(0, rows);
+    loss_sum +=
+        torch::nn::functional::cross_entropy(
+            logits, labels, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+            .item<double>();
+    correct += logits.argmax(1).eq(labels).sum().item<int64_t>();
+  }
+  model->train();
+  const double n = static_cast<double>(indices.size(0));
+  return {kolo::metric_average(loss_sum / n, "test_loss"),
+          kolo::metric_average(static_cast<double>(correct) / n, "test_accuracy")};
+}
+
+int run(const Flags& flags) {
+  // --- 1. Initialise kolo; one worker per process, `threads` cores each ----
+  kolo::init();  // rank and size from kolorun, mpirun, srun or torchrun; else a world of one
+  const int rank = kolo::rank();
+  const int workers = kolo::size();
+  const bool chief = rank == 0;  // rank 0 prints and writes checkpoints
+  const int threads = flags.threads > 0 ? flags.threads : default_threads();
+  torch::set_num_threads(threads);  // libtorch defaults to 1 thread here
+
+  // --- 2. Data: every worker reads the files, then takes its own shard ----
+  fashion_mnist::Split train = fashion_mnist::load_split(flags.data_dir, "train");
+  fashion_mnist::Split test = fashion_mnist::load_split(flags.data_dir, "t10k");
+  if (flags.train_subset > 0 && flags.train_subset < train.images.size(0)) {
+    train = {train.images.slice(0, 0, flags.train_subset),
+             train.labels.slice(0, 0, flags.train_subset)};
+  }
+  if (flags.test_subset > 0 && flags.test_subset < test.images.size(0)) {
+    test = {test.images.slice(0, 0, flags.test_subset), test.labels.slice(0, 0, flags.test_subset)};
+  }
+  // Each epoch every worker gets a disjoint ceil(N / workers) of the images,
+  // reshuffled per epoch with a seed all workers share.
+  kolo::DistributedSamplerOptions shard;
+  shard.seed = flags.seed;
+  kolo::DistributedSampler sampler(static_cast<size_t>(train.images.size(0)), shard);
+  const int64_t shard_size = static_cast<int64_t>(sampler.size());
+  const int64_t steps_per_epoch = (shard_size + flags.batch_size - 1) / flags.batch_size;
+
+  // --- 3. The model ---------------------------------------------------------
+  torch::manual_seed(flags.seed);
+  Cnn model;
+
+  // --- 4. Learning rate: scaled by the number of workers, with a warmup ----
+  // The global batch is `workers` times larger than one worker's, so the rate
+  // may be too (linear scaling); the warmup climbs to it from the
+  // single-worker rate over the first epochs, step by step.
+  kolo::LrScheduleOptions schedule_options;
+  schedule_options.base_lr = flags.lr;
+  schedule_options.peak_lr = flags.scale_lr ? kolo::scaled_lr(flags.lr, workers) : flags.lr;
+  schedule_options.warmup_epochs = flags.warmup_epochs;
+  schedule_options.steps_per_epoch = steps_per_epoch;
+  const kolo::LrSchedule schedule(schedule_options);
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(flags.lr));
+
+  // --- 5. The distributed optimizer -------------------------------------------
+  // Each gradient's allreduce (an average over the workers) starts the moment
+  // backward() produces it; optimizer.step() waits for them, then steps Adam.
+  kolo::DistributedOptimizerOptions dist_options;
+  dist_options.compression = kolo::parse_compression(flags.compression);
+  kolo::DistributedOptimizer optimizer(adam, model->named_parameters(), dist_options);
+
+  // --- 6. Same starting point on every worker -----------------------------
+  const std::string checkpoint_path =
+      flags.checkpoint_dir.empty() ? "" : flags.checkpoint_dir + "/checkpoint.kolo";
+  int first_epoch = 0;
+  if (flags.resume) {
+    // Rank 0 reads and verifies the file; every worker gets its contents.
+    const kolo::CheckpointState state = kolo::load_checkpoint(checkpoint_path, *model, &adam);
+    first_epoch = static_cast<int>(state.epoch);
+    if (chief)
+      std::printf("Resumed from %s after epoch %d\n", checkpoint_path.c_str(), first_epoch);
+  } else {
+    kolo::broadcast_parameters(*model, /*root=*/0);
+    kolo::broadcast_optimizer_state(adam, /*root=*/0);
+  }
+  // Dropout masks differ per worker (the weights are already identical).
+  torch::manual_seed(flags.seed + 1000003ULL * static_cast<uint64_t>(rank + 1));
+
+  if (chief) {
+    std::printf("Fashion-MNIST: %d worker(s) x %d thread(s), %s backend, launched by %s\n", workers,
+                threads, kolo::runtime().world().backend(),
+                kolo::runtime().topology().source.c_str());
+    std::printf(
+        "  %lld training images (%lld per worker, %lld steps per epoch), %lld test images\n",
+        static_cast<long long>(train.images.size(0)), static_cast<long long>(shard_size),
+        static_cast<long long>(steps_per_epoch), static_cast<long long>(test.images.size(0)));
+    std::printf(
+        "  batch %lld per worker (global %lld), Adam lr %g -> %g over %g warmup epoch(s), "
+        "gradient compression %s\n",
+        static_cast<long long>(flags.batch_size),
+        static_cast<long long>(flags.batch_size * workers), schedule_options.base_lr,
+        schedule_options.peak_lr, flags.warmup_epochs, flags.compression.c_str());
+    std::fflush(stdout);
+  }
+
+  // --- 7. Train -----------------------------------------------------------------
+  const int64_t log_every =
+      std::max<int64_t>(1, steps_per_epoch / std::max(1, flags.progress_lines));
+  for (int epoch = first_epoch; epoch < flags.epochs; ++epoch) {
+    if (chief) {
+      std::printf("Epoch %d/%d\n", epoch + 1, flags.epochs);
+      std::fflush(stdout);
+    }
+    sampler.set_epoch(epoch);
+    const torch::Tensor order = index_tensor(sampler);
+    double loss_sum = 0;  // over this worker's images so far
+    int64_t correct = 0;
+    int64_t seen = 0;
+    const Clock::time_point start = Clock::now();
+    for (int64_t step = 0; step < steps_per_epoch; ++step) {
+      const torch::Tensor rows =
+          order.slice(0, step * flags.batch_size, (step + 1) * flags.batch_size);
+      const torch::Tensor images = as_input(train.images.index_select(0, rows));  // (B, 1, 28, 28)
+      const torch::Tensor labels = train.labels.index_select(0, rows);            // (B)
+
+      kolo::apply_lr(adam, schedule.lr(epoch, step));
+      optimizer.zero_grad();
+      const torch::Tensor logits = model->forward(images);  // (B, 10)
+      const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
+      loss.backward();   // gradients' allreduces start here, last layer first
+      optimizer.step();  // waits for the averaged gradients, then steps Adam
+
+      const int64_t b = rows.size(0);
+      loss_sum += loss.item<double>() * static_cast<double>(b);
+      correct += logits.argmax(1).eq(labels).sum().item<int64_t>();
+      seen += b;
+      if (chief && (step + 1) % log_every == 0 && step + 1 < steps_per_epoch) {
+        print_progress(step + 1, steps_per_epoch, seconds_since(start),
+                       loss_sum / static_cast<double>(seen),
+                       static_cast<double>(correct) / static_cast<double>(seen), false);
+      }
+    }
+    const double epoch_s = seconds_since(start);
+
+    // The epoch's metrics, averaged over the workers (Horovod's
+    // MetricAverageCallback); the throughput counts every worker's images.
+    const double train_loss = kolo::metric_average(loss_sum / static_cast<double>(seen), "loss");
+    const double train_accuracy =
+        kolo::metric_average(static_cast<double>(correct) / static_cast<double>(seen), "accuracy");
+    const double images_per_s = static_cast<double>(seen) * workers / epoch_s;
+    const Evaluation eval = evaluate(model, test);
+    if (chief) {
+      print_progress(steps_per_epoch, steps_per_epoch, epoch_s, train_loss, train_accuracy, true);
+      std::printf("Epoch time: %.1f s\n", epoch_s);
+      std::printf("Images/sec: %.1f (%d worker(s), %.1f per worker)\n", images_per_s, workers,
+                  images_per_s / workers);
+      std::printf("Test loss: %.4f - test accuracy: %.4f\n", eval.loss, eval.accuracy);
+      std::fflush(stdout);
+    }
+
+    // Rank 0 writes the checkpoint (atomically); the others take part.
+    if (!checkpoint_path.empty()) {
+      if (chief) std::filesystem::create_directories(flags.checkpoint_dir);
+      kolo::CheckpointState state;
+      state.epoch = epoch + 1;  // epochs completed
+      state.seed = flags.seed;
+      state.sampler = {epoch + 1, 0};
+      kolo::save_checkpoint(checkpoint_path, *model, &adam, state);
+      if (chief) std::printf("Saved %s\n", checkpoint_path.c_str());
+    }
+  }
+  kolo::shutdown();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  CLI::App app{"Fashion-MNIST CNN trained data-parallel with kolo (run it under kolorun)"};
+  app.add_option("--epochs", flags.epochs, "Epochs to train")->capture_default_str();
+  app.add_option("--batch-size", flags.batch_size, "Images per worker per step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lr", flags.lr, "Adam learning rate for one worker")->capture_default_str();
+  app.add_flag("--scale-lr", flags.scale_lr, "Multiply the learning rate by the number of workers");
+  app.add_option("--warmup-epochs", flags.warmup_epochs,
+                 "Epochs over which the rate climbs from --lr to the scaled rate")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint-dir", flags.checkpoint_dir,
+                 "Rank 0 saves <dir>/checkpoint.kolo after every epoch");
+  app.add_flag("--resume", flags.resume, "Start from <checkpoint-dir>/checkpoint.kolo");
+  app.add_option("--threads", flags.threads,
+                 "Threads per worker (default: $OMP_NUM_THREADS, which kolorun sets, else 1)");
+  app.add_option("--train-subset", flags.train_subset,
+                 "Train on the first N images only (quick runs); 0 = all")
+      ->capture_default_str();
+  app.add_option("--test-subset", flags.test_subset, "Test on the first N images only; 0 = all")
+      ->capture_default_str();
+  app.add_option("--compression", flags.compression, "Gradient compression: none, fp16, bf16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "fp16", "bf16"}));
+  app.add_option("--data-dir", flags.data_dir, "Directory of the gzipped IDX files")
+      ->capture_default_str();
+  app.add_option("--seed", flags.seed, "Seed shared by all workers")->capture_default_str();
+  app.add_option("--progress-lines", flags.progress_lines, "Progress lines per epoch")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (flags.resume && flags.checkpoint_dir.empty()) {
+    std::fprintf(stderr, "fashion_mnist: --resume needs --checkpoint-dir\n");
+    return 2;
+  }
+  try {
+    return run(flags);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fashion_mnist: error: %s\n", e.what());
+    return 1;
+  }
+}
