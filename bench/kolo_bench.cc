@@ -2,6 +2,8 @@
 //
 //   kolorun -np 2 kolo-bench collectives [--max-bytes 67108864] [--json] [--docs docs/benchmarks.md]
 //   kolorun -np 2 kolo-bench engine [--json] [--docs docs/benchmarks.md] [--timeline t.json]
+//   kolo-bench scaling [--steps 50] [--json] [--docs docs/benchmarks.md] [--plot scaling.png]
+//     (a plain process, not under kolorun: it starts the workers; built with libtorch)
 //
 // Each mode is one subcommand in its own file; every mode prints a table,
 // prints JSON rows with --json, and with --docs rewrites its own section of
@@ -13,6 +15,9 @@
 #include "collectives_bench.h"
 #include "engine_bench.h"
 #include "kolo/core/errors.h"
+#ifdef KOLO_BENCH_HAVE_SCALING
+#include "scaling_bench.h"
+#endif
 
 int main(int argc, char** argv) {
   CLI::App app{"kolo-bench: kolo's benchmarks (run the workers under kolorun or mpirun)"};
@@ -72,8 +77,71 @@ int main(int argc, char** argv) {
   engine_sub->add_option("--warmup", engine.timing.warmup, "untimed steps first")
       ->check(CLI::NonNegativeNumber);
 
+#ifdef KOLO_BENCH_HAVE_SCALING
+  kolo::bench::ScalingOptions scaling;
+  scaling.command_line = command_line;
+  kolo::bench::ScalingWorkerOptions scaling_worker;
+  bool scaling_is_worker = false;
+  auto* scaling_sub = app.add_subcommand(
+      "scaling",
+      "training images/sec and scaling efficiency of the seed CNN and an MLP: kolo against "
+      "independent workers, plain libtorch, c10d Gloo and PyTorch DDP (run as a plain process)");
+  scaling_sub->add_option("--models", scaling.models, "models to train")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"cnn", "mlp"}));
+  scaling_sub->add_option("--systems", scaling.systems, "systems to measure")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"kolo", "independent", "libtorch_1thread", "libtorch_2threads",
+                             "c10d_gloo", "pytorch_ddp"}));
+  scaling_sub->add_option("--workers", scaling.workers, "worker counts")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  scaling_sub->add_option("--steps", scaling.steps, "timed steps per configuration")
+      ->check(CLI::PositiveNumber);
+  scaling_sub->add_option("--warmup-steps", scaling.warmup_steps, "untimed steps first")
+      ->check(CLI::NonNegativeNumber);
+  scaling_sub->add_option("--repeats", scaling.repeats, "interleaved passes (median)")
+      ->check(CLI::PositiveNumber);
+  scaling_sub->add_option("--threads", scaling.threads, "threads per worker")
+      ->check(CLI::PositiveNumber);
+  scaling_sub->add_option("--cnn-batch", scaling.cnn_batch, "CNN images per worker per step")
+      ->check(CLI::PositiveNumber);
+  scaling_sub->add_option("--mlp-batch", scaling.mlp_batch, "MLP images per worker per step")
+      ->check(CLI::PositiveNumber);
+  scaling_sub->add_flag("--synthetic", scaling.synthetic,
+                        "random images of Fashion-MNIST's shape instead of the files");
+  scaling_sub->add_option("--data-dir", scaling.data_dir, "Fashion-MNIST's gzipped IDX files");
+  scaling_sub->add_option("--config-timeout", scaling.config_timeout_s,
+                          "seconds before a configuration's workers are killed")
+      ->check(CLI::PositiveNumber);
+  scaling_sub->add_flag("--json", scaling.json, "one JSON object per row instead of the table");
+  scaling_sub->add_option("--docs", scaling.docs_path,
+                          "rewrite the scaling section of this markdown file");
+  scaling_sub->add_option("--plot", scaling.plot_path,
+                          "write a PNG of images/sec and efficiency against workers (gnuplot)");
+  scaling_sub->add_option("--ddp-script", scaling.ddp_script, "path of bench/ddp_baseline.py");
+  scaling_sub->add_option("--kolorun", scaling.kolorun, "path of kolorun");
+  // The hidden worker mode the driver starts.
+  scaling_sub->add_flag("--worker", scaling_is_worker)->group("");
+  scaling_sub->add_option("--system", scaling_worker.system)->group("");
+  scaling_sub->add_option("--model", scaling_worker.model)->group("");
+  scaling_sub->add_option("--batch-size", scaling_worker.batch)->group("");
+  scaling_sub->add_option("--store-path", scaling_worker.store_path)->group("");
+#endif
+
   CLI11_PARSE(app, argc, argv);
   try {
+#ifdef KOLO_BENCH_HAVE_SCALING
+    if (*scaling_sub) {
+      if (!scaling_is_worker) return kolo::bench::run_scaling_bench(scaling);
+      scaling_worker.steps = scaling.steps;
+      scaling_worker.warmup_steps = scaling.warmup_steps;
+      scaling_worker.threads = scaling.threads;
+      scaling_worker.synthetic = scaling.synthetic;
+      scaling_worker.data_dir = scaling.data_dir;
+      return kolo::bench::run_scaling_worker(scaling_worker);
+    }
+#endif
     if (*engine_sub) {
       if (std::getenv("OMPI_COMM_WORLD_SIZE")) engine.command_line = "mpirun -np N " + command_line;
       return kolo::bench::run_engine_bench(engine);
@@ -85,6 +153,9 @@ int main(int argc, char** argv) {
       return kolo::bench::run_collectives(collectives);
     }
   } catch (const kolo::Error& e) {
+    std::cerr << "kolo-bench: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {  // libtorch, c10d, file errors of the scaling mode
     std::cerr << "kolo-bench: " << e.what() << "\n";
     return 1;
   }

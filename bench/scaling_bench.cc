@@ -1,0 +1,444 @@
+// The driver of `kolo-bench scaling` (see scaling_bench.h). It never loads
+// libtorch itself: it starts worker processes, reads their JSON lines and
+// builds the table.
+#include "scaling_bench.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+
+#include "bench_report.h"
+#include "kolo/core/errors.h"
+
+#ifndef KOLO_SOURCE_DIR
+#define KOLO_SOURCE_DIR "."
+#endif
+
+namespace kolo::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// One process to start: argv and extra environment variables.
+struct Command {
+  std::vector<std::string> argv;
+  std::vector<std::pair<std::string, std::string>> env;
+};
+
+struct Child {
+  pid_t pid = -1;
+  int out_fd = -1;
+  std::string out;
+};
+
+Child spawn(const Command& command) {
+  int fds[2];
+  if (pipe(fds) != 0) throw RuntimeFault(std::string("kolo-bench scaling: pipe: ") + strerror(errno));
+  const pid_t pid = fork();
+  if (pid < 0) throw RuntimeFault(std::string("kolo-bench scaling: fork: ") + strerror(errno));
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    setpgid(0, 0);  // its own group, so a timeout stops its children too
+    for (const auto& [name, value] : command.env) setenv(name.c_str(), value.c_str(), 1);
+    std::vector<char*> argv;
+    for (const std::string& a : command.argv) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    std::fprintf(stderr, "kolo-bench scaling: cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  close(fds[1]);
+  setpgid(pid, pid);
+  return {pid, fds[0], {}};
+}
+
+// Runs the processes side by side until all exit or `timeout_s` passes (then
+// they are killed). Returns every process's stdout, or an error message.
+struct RunResult {
+  std::vector<std::string> outputs;
+  std::string error;  // empty when every process exited with 0
+};
+
+RunResult run_all(const std::vector<Command>& commands, int timeout_s) {
+  std::vector<Child> children;
+  for (const Command& c : commands) children.push_back(spawn(c));
+  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(timeout_s);
+  RunResult result;
+  size_t open = children.size();
+  while (open > 0) {
+    std::vector<pollfd> fds;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < children.size(); ++i) {
+      if (children[i].out_fd < 0) continue;
+      fds.push_back({children[i].out_fd, POLLIN, 0});
+      which.push_back(i);
+    }
+    const auto left_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left_ms <= 0) {
+      result.error = "timed out after " + std::to_string(timeout_s) + " s";
+      break;
+    }
+    const int ready = poll(fds.data(), fds.size(), static_cast<int>(std::min<long>(left_ms, 1000)));
+    if (ready < 0 && errno != EINTR) break;
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Child& child = children[which[k]];
+      char buffer[4096];
+      const ssize_t got = read(child.out_fd, buffer, sizeof buffer);
+      if (got > 0) {
+        child.out.append(buffer, static_cast<size_t>(got));
+      } else if (got == 0 || errno != EINTR) {
+        close(child.out_fd);
+        child.out_fd = -1;
+        --open;
+      }
+    }
+  }
+  for (Child& child : children) {
+    if (child.out_fd >= 0) {
+      kill(-child.pid, SIGKILL);
+      close(child.out_fd);
+    }
+    int status = 0;
+    waitpid(child.pid, &status, 0);
+    if (result.error.empty() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+      result.error = "a worker failed (" +
+                     (WIFEXITED(status) ? "exit code " + std::to_string(WEXITSTATUS(status))
+                                        : "signal " + std::to_string(WTERMSIG(status))) +
+                     "; its stderr is above)";
+    result.outputs.push_back(child.out);
+  }
+  return result;
+}
+
+// The JSON objects on the lines of `out` (kolorun may prefix lines).
+std::vector<nlohmann::json> json_lines(const std::string& out) {
+  std::vector<nlohmann::json> rows;
+  size_t begin = 0;
+  while (begin < out.size()) {
+    size_t end = out.find('\n', begin);
+    if (end == std::string::npos) end = out.size();
+    const std::string line = out.substr(begin, end - begin);
+    const size_t brace = line.find('{');
+    if (brace != std::string::npos) {
+      nlohmann::json row = nlohmann::json::parse(line.substr(brace), nullptr, false);
+      if (!row.is_discarded() && row.contains("images_per_sec")) rows.push_back(row);
+    }
+    begin = end + 1;
+  }
+  return rows;
+}
+
+struct Config {
+  std::string model;
+  std::string system;
+  int workers = 1;
+  int threads = 1;  // per worker
+};
+
+struct Measurement {
+  std::vector<double> images_per_sec;  // one per repeat
+  std::vector<double> step_ms;
+  std::string error;
+};
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+std::string self_path() {
+  std::error_code ec;
+  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) throw RuntimeFault("kolo-bench scaling: cannot read /proc/self/exe: " + ec.message());
+  return p.string();
+}
+
+bool python_torch_available() {
+  // From "/": the repository's torch/ directory would shadow the package.
+  return std::system("cd / && python3 -c 'import torch.distributed' >/dev/null 2>&1") == 0;
+}
+
+int free_port() {
+  // A port from the ephemeral range chosen by pid and time; collisions on a
+  // loopback-only machine are unlikely and fail loudly (the row is marked).
+  const auto now = Clock::now().time_since_epoch().count();
+  return 29500 + static_cast<int>((getpid() * 7919 + now) % 20000);
+}
+
+class Driver {
+ public:
+  explicit Driver(const ScalingOptions& options) : options_(options), self_(self_path()) {
+    kolorun_ = options.kolorun.empty()
+                   ? (fs::path(self_).parent_path().parent_path() / "launcher" / "kolorun").string()
+                   : options.kolorun;
+    ddp_script_ = options.ddp_script.empty()
+                      ? std::string(KOLO_SOURCE_DIR) + "/bench/ddp_baseline.py"
+                      : options.ddp_script;
+    char templ[] = "/tmp/kolo-scaling-XXXXXX";
+    if (!mkdtemp(templ)) throw RuntimeFault("kolo-bench scaling: mkdtemp failed");
+    scratch_ = templ;
+  }
+  ~Driver() {
+    std::error_code ec;
+    fs::remove_all(scratch_, ec);
+  }
+
+  std::vector<Config> configs(std::vector<std::string>* notes) {
+    const bool have_python = python_torch_available();
+    if (!have_python &&
+        std::find(options_.systems.begin(), options_.systems.end(), "pytorch_ddp") !=
+            options_.systems.end())
+      notes->push_back(
+          "pytorch_ddp: not measured (python3 cannot import torch: apt-get install python3-torch)");
+    std::vector<Config> list;
+    for (const std::string& model : options_.models) {
+      for (const std::string& system : options_.systems) {
+        if (system == "pytorch_ddp" && !have_python) continue;
+        if (system == "libtorch_1thread" || system == "libtorch_2threads") {
+          list.push_back({model, system, 1, system == "libtorch_2threads" ? 2 : 1});
+          continue;
+        }
+        for (int w : options_.workers) list.push_back({model, system, w, options_.threads});
+      }
+    }
+    return list;
+  }
+
+  Measurement* measure_once(const Config& config, Measurement* m, int repeat) {
+    const int batch = config.model == "cnn" ? options_.cnn_batch : options_.mlp_batch;
+    std::vector<std::string> worker_args = {
+        "scaling",         "--worker",
+        "--model",         config.model,
+        "--steps",         std::to_string(options_.steps),
+        "--warmup-steps",  std::to_string(options_.warmup_steps),
+        "--threads",       std::to_string(config.threads),
+        "--batch-size",    std::to_string(batch),
+        "--data-dir",      options_.data_dir};
+    if (options_.synthetic) worker_args.push_back("--synthetic");
+    const std::string threads = std::to_string(config.threads);
+    const std::vector<std::pair<std::string, std::string>> thread_env = {
+        {"OMP_NUM_THREADS", threads}, {"OPENBLAS_NUM_THREADS", threads},
+        {"MKL_NUM_THREADS", threads}};
+
+    std::vector<Command> commands;
+    const std::string tag = config.model + "-" + config.system + "-" +
+                            std::to_string(config.workers) + "-" + std::to_string(repeat);
+    if (config.system == "kolo") {
+      Command c{{kolorun_, "-np", std::to_string(config.workers), "--job-timeout",
+                 std::to_string(options_.config_timeout_s), self_},
+                thread_env};
+      c.argv.insert(c.argv.end(), worker_args.begin(), worker_args.end());
+      c.argv.insert(c.argv.end(), {"--system", "kolo"});
+      commands.push_back(c);
+    } else if (config.system == "pytorch_ddp") {
+      const std::string port = std::to_string(free_port());
+      for (int r = 0; r < config.workers; ++r) {
+        Command c{{"python3", ddp_script_, "--model", config.model, "--steps",
+                   std::to_string(options_.steps), "--warmup-steps",
+                   std::to_string(options_.warmup_steps), "--threads", threads, "--batch-size",
+                   std::to_string(batch), "--data-dir", options_.data_dir},
+                  thread_env};
+        if (options_.synthetic) c.argv.push_back("--synthetic");
+        c.env.insert(c.env.end(), {{"RANK", std::to_string(r)},
+                                   {"WORLD_SIZE", std::to_string(config.workers)},
+                                   {"MASTER_ADDR", "127.0.0.1"},
+                                   {"MASTER_PORT", port}});
+        commands.push_back(c);
+      }
+    } else {
+      // independent: N unrelated processes (WORLD_SIZE only picks disjoint
+      // data); libtorch_*: one process; c10d_gloo: N processes in a group.
+      const bool c10d = config.system == "c10d_gloo";
+      for (int r = 0; r < config.workers; ++r) {
+        Command c{{self_}, thread_env};
+        c.argv.insert(c.argv.end(), worker_args.begin(), worker_args.end());
+        c.argv.insert(c.argv.end(), {"--system", c10d ? "c10d_gloo" : "local"});
+        if (c10d) c.argv.insert(c.argv.end(), {"--store-path", scratch_ + "/store-" + tag});
+        c.env.insert(c.env.end(), {{"RANK", std::to_string(r)},
+                                   {"WORLD_SIZE", std::to_string(config.workers)}});
+        commands.push_back(c);
+      }
+    }
+    const RunResult run = run_all(commands, options_.config_timeout_s);
+    double ips = 0, step_ms = 0;
+    int ranks = 0;
+    for (const std::string& out : run.outputs) {
+      for (const nlohmann::json& row : json_lines(out)) {
+        ips += row.at("images_per_sec").get<double>();
+        step_ms = std::max(step_ms, row.at("step_ms").get<double>());
+        ++ranks;
+      }
+    }
+    if (!run.error.empty() || ranks != config.workers) {
+      m->error = run.error.empty() ? "got " + std::to_string(ranks) + " of " +
+                                         std::to_string(config.workers) + " workers' results"
+                                   : run.error;
+      std::cerr << "kolo-bench scaling: " << tag << ": " << m->error << "\n";
+      return m;
+    }
+    m->images_per_sec.push_back(ips);
+    m->step_ms.push_back(step_ms);
+    return m;
+  }
+
+ private:
+  ScalingOptions options_;
+  std::string self_;
+  std::string kolorun_;
+  std::string ddp_script_;
+  std::string scratch_;
+};
+
+std::string config_key(const std::string& model, const std::string& system, int workers) {
+  return model + "/" + system + "/" + std::to_string(workers);
+}
+
+void write_plot(const ScalingOptions& options, const std::vector<nlohmann::json>& rows,
+                std::vector<std::string>* notes) {
+  // One data block per (model, system) with more than one worker count.
+  std::map<std::string, std::vector<const nlohmann::json*>> series;
+  for (const nlohmann::json& row : rows) {
+    if (row["system"] == "libtorch_1thread" || row["system"] == "libtorch_2threads") continue;
+    series[row["model"].get<std::string>() + " " + row["system"].get<std::string>()].push_back(
+        &row);
+  }
+  const std::string data_path = options.plot_path + ".dat";
+  {
+    std::ofstream data(data_path);
+    for (const auto& [name, points] : series) {
+      data << "\"" << name << "\" \"images/sec\" \"efficiency\"\n";
+      for (const nlohmann::json* p : points)
+        data << (*p)["workers"].get<int>() << " " << (*p)["images_per_sec"].get<double>() << " "
+             << (*p)["efficiency"].get<double>() << "\n";
+      data << "\n\n";
+    }
+  }
+  const std::string script = std::string(KOLO_SOURCE_DIR) + "/bench/plot_scaling.gnuplot";
+  const std::string command = "gnuplot -e \"datafile='" + data_path + "'; outfile='" +
+                              options.plot_path + "'; nseries=" + std::to_string(series.size()) +
+                              "\" '" + script + "'";
+  if (std::system(command.c_str()) == 0) {
+    notes->push_back("plot: " + options.plot_path + " (data " + data_path + ")");
+  } else {
+    std::cerr << "kolo-bench scaling: gnuplot failed: " << command << "\n";
+  }
+}
+
+}  // namespace
+
+int run_scaling_bench(const ScalingOptions& options) {
+  Driver driver(options);
+  std::vector<std::string> notes;
+  const std::vector<Config> configs = driver.configs(&notes);
+  std::vector<Measurement> measurements(configs.size());
+  // Interleaved: every configuration once per pass, so a slow spell of the
+  // shared machine hits all systems alike.
+  for (int repeat = 0; repeat < options.repeats; ++repeat) {
+    for (size_t i = 0; i < configs.size(); ++i) {
+      if (!measurements[i].error.empty()) continue;
+      std::cerr << "kolo-bench scaling: pass " << repeat + 1 << "/" << options.repeats << ": "
+                << configs[i].model << " " << configs[i].system << " x" << configs[i].workers
+                << "\n";
+      driver.measure_once(configs[i], &measurements[i], repeat);
+    }
+  }
+
+  std::map<std::string, double> ips;  // by config_key
+  for (size_t i = 0; i < configs.size(); ++i) {
+    if (measurements[i].error.empty() && !measurements[i].images_per_sec.empty())
+      ips[config_key(configs[i].model, configs[i].system, configs[i].workers)] =
+          median(measurements[i].images_per_sec);
+  }
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+
+  Report report;
+  report.title = "Training throughput: " + std::to_string(options.steps) + " timed steps after " +
+                 std::to_string(options.warmup_steps) + " warm-up steps, median of " +
+                 std::to_string(options.repeats) + " interleaved passes; " +
+                 (options.synthetic ? "synthetic data" : "Fashion-MNIST") + ", " +
+                 std::to_string(cores) + " cores";
+  report.columns = {"model",        "system",     "workers", "threads/worker", "batch/worker",
+                    "images/sec",   "step ms",    "efficiency", "vs independent", "note"};
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const Config& c = configs[i];
+    const Measurement& m = measurements[i];
+    const int batch = c.model == "cnn" ? options.cnn_batch : options.mlp_batch;
+    const bool oversubscribed = static_cast<unsigned>(c.workers * c.threads) > cores;
+    std::string note = oversubscribed ? "oversubscribed" : "";
+    if (c.system == "kolo") note += std::string(note.empty() ? "" : ", ") + "DistributedOptimizer";
+    nlohmann::json row = {{"model", c.model},          {"system", c.system},
+                          {"workers", c.workers},      {"threads_per_worker", c.threads},
+                          {"batch_per_worker", batch}, {"oversubscribed", oversubscribed}};
+    if (!m.error.empty() || m.images_per_sec.empty()) {
+      row["error"] = m.error;
+      report.add_row({c.model, c.system, std::to_string(c.workers), std::to_string(c.threads),
+                      std::to_string(batch), "-", "-", "-", "-", "failed: " + m.error},
+                     row);
+      continue;
+    }
+    const double value = median(m.images_per_sec);
+    // Classic efficiency: against workers x the 1-worker kolo figure.
+    const auto base = ips.find(config_key(c.model, "kolo", 1));
+    const double efficiency =
+        base != ips.end() ? value / (c.workers * base->second) : 0.0;
+    const auto ceiling = ips.find(config_key(c.model, "independent", c.workers));
+    const double vs_ceiling = ceiling != ips.end() ? value / ceiling->second : 0.0;
+    row["images_per_sec"] = value;
+    row["step_ms"] = median(m.step_ms);
+    row["efficiency"] = efficiency;
+    row["efficiency_vs_independent"] = vs_ceiling;
+    row["runs"] = m.images_per_sec;
+    report.add_row({c.model, c.system, std::to_string(c.workers), std::to_string(c.threads),
+                    std::to_string(batch), format_fixed(value, 1), format_fixed(median(m.step_ms), 1),
+                    base != ips.end() ? format_fixed(100 * efficiency, 1) + "%" : "-",
+                    ceiling != ips.end() ? format_fixed(100 * vs_ceiling, 1) + "%" : "-", note},
+                   row);
+  }
+  report.notes.push_back(
+      "efficiency = images/sec / (workers x kolo's 1-worker images/sec); vs independent = "
+      "images/sec / that of the same number of independent processes (no gradient exchange: "
+      "the machine's ceiling)");
+  report.notes.insert(report.notes.end(), notes.begin(), notes.end());
+
+  if (!options.plot_path.empty()) write_plot(options, report.json_rows, &report.notes);
+  if (options.json) {
+    for (const auto& row : report.json_rows) std::cout << row.dump() << "\n";
+  } else {
+    std::cout << report.text() << "\n";
+  }
+  if (!options.docs_path.empty()) {
+    std::string body = "Command: `" + options.command_line +
+                       "` (a plain process: it starts every configuration's workers itself, "
+                       "kolo's through kolorun)\n\n**" +
+                       report.title + "**\n\n" + report.markdown() + "\n";
+    write_docs_section(options.docs_path, "scaling", body);
+    std::cout << "wrote the scaling section of " << options.docs_path << "\n";
+  }
+  for (const Measurement& m : measurements)
+    if (!m.error.empty()) return 1;
+  return 0;
+}
+
+}  // namespace kolo::bench

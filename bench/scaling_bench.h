@@ -1,0 +1,73 @@
+// `kolo-bench scaling`: training throughput (images/sec) and scaling
+// efficiency of kolo against the alternatives a libtorch user has, on the
+// seed CNN and on a communication-heavy MLP (see scaling_models.h).
+//
+// The driver is a plain process (not under kolorun). For each configuration
+// (model, system, workers) it starts the workers, each of them this program
+// in its hidden worker mode (`kolo-bench scaling --worker ...`), which trains
+// for --warmup-steps untimed then --steps timed steps and prints one JSON
+// object on stdout; the driver sums the ranks' images/sec. Configurations are
+// interleaved and the whole list is repeated --repeats times (the median
+// counts), because timings on a shared 2-core machine swing by +-30%.
+//
+// Systems (each worker computes with --threads threads, 1 by default):
+//   kolo               N workers under kolorun, kolo::DistributedOptimizer
+//   independent        N processes training alone, no gradient exchange: the ceiling
+//   libtorch_1thread   one process, plain libtorch, 1 thread (workers = 1)
+//   libtorch_2threads  one process, plain libtorch, 2 threads (workers = 1)
+//   c10d_gloo          N processes, c10d ProcessGroupGloo (libtorch_cpu), FileStore
+//                      rendezvous, allreduce of every gradient after backward()
+//   pytorch_ddp        N Python processes, DistributedDataParallel (gloo), from
+//                      bench/ddp_baseline.py; only when python3 can import torch
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kolo::bench {
+
+struct ScalingOptions {
+  std::vector<std::string> models = {"cnn", "mlp"};
+  std::vector<std::string> systems = {"kolo",     "independent",   "libtorch_1thread",
+                                      "libtorch_2threads", "c10d_gloo", "pytorch_ddp"};
+  std::vector<int> workers = {1, 2, 4};
+  int steps = 50;          // timed steps per worker
+  int warmup_steps = 5;    // untimed steps first
+  int repeats = 3;         // passes over all configurations (median)
+  int threads = 1;         // per worker (libtorch_2threads uses 2)
+  int cnn_batch = 64;      // per-worker batch of the CNN (Adam)
+  int mlp_batch = 16;      // per-worker batch of the MLP (SGD)
+  bool synthetic = false;  // random data of Fashion-MNIST's shape instead of the files
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  int config_timeout_s = 900;  // a configuration running longer is killed and reported
+  bool json = false;
+  std::string docs_path;
+  std::string plot_path;
+  std::string command_line;
+  std::string ddp_script;  // default: <source dir>/bench/ddp_baseline.py
+  std::string kolorun;     // default: <build dir>/launcher/kolorun
+};
+
+// What a worker process runs (the hidden `--worker` mode).
+struct ScalingWorkerOptions {
+  std::string system;  // "kolo", "c10d_gloo" or "local" (independent and plain libtorch)
+  std::string model;   // "cnn" or "mlp"
+  int steps = 50;
+  int warmup_steps = 5;
+  int threads = 1;
+  int batch = 64;
+  bool synthetic = false;
+  std::string data_dir;
+  std::string store_path;  // c10d_gloo: FileStore path shared by the ranks
+};
+
+// The driver: runs every configuration, prints the table (or JSON rows),
+// writes the docs section and the plot when asked. Returns the exit code.
+int run_scaling_bench(const ScalingOptions& options);
+
+// One worker: trains and prints {"rank", "world", "images_per_sec", "step_ms"}
+// as one JSON line on stdout. kolo workers take their rank from kolorun;
+// c10d_gloo and local workers from RANK and WORLD_SIZE (default 0 and 1).
+int run_scaling_worker(const ScalingWorkerOptions& options);
+
+}  // namespace kolo::bench

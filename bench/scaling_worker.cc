@@ -1,0 +1,176 @@
+// The worker side of `kolo-bench scaling` (see scaling_bench.h): one process
+// of one configuration trains the model and prints its throughput as JSON.
+#define USE_C10D_GLOO 1  // ProcessGroupGloo.hpp is empty without it
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/nn/functional/loss.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "fashion_mnist_data.h"  // examples/fashion_mnist, compiled into kolo-bench
+#include "kolo/core/runtime.h"
+#include "kolo/torch/broadcast.h"
+#include "kolo/torch/optimizer.h"
+#include "scaling_bench.h"
+#include "scaling_models.h"
+
+namespace kolo::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int env_int(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  return value && *value ? std::atoi(value) : fallback;
+}
+
+// Training images as uint8 (N, 1, 28, 28) and labels; converted to float one
+// batch at a time, as a real input pipeline would.
+struct Data {
+  torch::Tensor images;
+  torch::Tensor labels;
+};
+
+Data load_data(const ScalingWorkerOptions& options) {
+  if (options.synthetic) {
+    constexpr int64_t kImages = 4096;
+    torch::manual_seed(7);
+    return {torch::randint(0, 256, {kImages, 1, 28, 28}, torch::kUInt8),
+            torch::randint(0, 10, {kImages}, torch::kLong)};
+  }
+  fashion_mnist::Split train = fashion_mnist::load_split(options.data_dir, "train");
+  return {train.images, train.labels};
+}
+
+// The model, its parameters by name, and its optimizer (Adam for the CNN as
+// the seed, SGD for the MLP).
+struct Trainee {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<torch::Tensor(const torch::Tensor&)> forward;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+};
+
+Trainee make_trainee(const std::string& model) {
+  torch::manual_seed(42);
+  Trainee t;
+  if (model == "cnn") {
+    ScalingCnn cnn;
+    t.module = cnn.ptr();
+    t.forward = [cnn](const torch::Tensor& x) mutable { return cnn->forward(x); };
+    t.optimizer = std::make_unique<torch::optim::Adam>(cnn->parameters(),
+                                                       torch::optim::AdamOptions(1e-3));
+  } else if (model == "mlp") {
+    ScalingMlp mlp;
+    t.module = mlp.ptr();
+    t.forward = [mlp](const torch::Tensor& x) mutable { return mlp->forward(x); };
+    t.optimizer = std::make_unique<torch::optim::SGD>(mlp->parameters(),
+                                                      torch::optim::SGDOptions(0.01));
+  } else {
+    throw std::invalid_argument("kolo-bench scaling --worker: unknown --model '" + model +
+                                "' (cnn or mlp)");
+  }
+  return t;
+}
+
+}  // namespace
+
+int run_scaling_worker(const ScalingWorkerOptions& options) {
+  torch::set_num_threads(options.threads);
+  const bool use_kolo = options.system == "kolo";
+  const bool use_c10d = options.system == "c10d_gloo";
+  if (!use_kolo && !use_c10d && options.system != "local")
+    throw std::invalid_argument("kolo-bench scaling --worker: unknown --system '" +
+                                options.system + "' (kolo, c10d_gloo or local)");
+
+  int rank = env_int("RANK", 0);
+  int world = env_int("WORLD_SIZE", 1);
+  if (use_kolo) {
+    kolo::init();
+    rank = kolo::rank();
+    world = kolo::size();
+  }
+  const Data data = load_data(options);
+  Trainee trainee = make_trainee(options.model);
+  trainee.module->train();
+
+  // The gradient exchange of each system.
+  std::unique_ptr<kolo::DistributedOptimizer> kolo_optimizer;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+  if (use_kolo) {
+    kolo::broadcast_parameters(*trainee.module, /*root=*/0);
+    kolo_optimizer = std::make_unique<kolo::DistributedOptimizer>(
+        *trainee.optimizer, trainee.module->named_parameters());
+  } else if (use_c10d) {
+    // Today's C++ recipe (pytorch/examples#809): a Gloo process group, rank
+    // 0's weights broadcast, then every gradient allreduced after backward().
+    auto store = c10::make_intrusive<c10d::FileStore>(options.store_path, world);
+    auto group_options = c10d::ProcessGroupGloo::Options::create();
+    group_options->devices.push_back(
+        c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, group_options);
+    torch::NoGradGuard no_grad;
+    for (torch::Tensor& p : trainee.module->parameters()) {
+      std::vector<at::Tensor> one{p};
+      group->broadcast(one)->wait();
+    }
+  }
+  torch::manual_seed(1000 + static_cast<uint64_t>(rank));  // dropout differs per rank
+
+  const int64_t n = data.images.size(0);
+  const int64_t batch = options.batch;
+  int64_t step_index = 0;
+  auto train_step = [&] {
+    // Rank r's k-th batch: a contiguous slice, disjoint across ranks.
+    const int64_t start = ((step_index * world + rank) * batch) % (n - batch);
+    ++step_index;
+    const torch::Tensor images =
+        data.images.slice(0, start, start + batch).to(torch::kFloat).div_(255.0);
+    const torch::Tensor labels = data.labels.slice(0, start, start + batch);
+    if (kolo_optimizer) kolo_optimizer->zero_grad();
+    else trainee.optimizer->zero_grad();
+    const torch::Tensor loss =
+        torch::nn::functional::cross_entropy(trainee.forward(images), labels);
+    loss.backward();
+    if (kolo_optimizer) {
+      kolo_optimizer->step();
+      return;
+    }
+    if (group) {
+      for (torch::Tensor& p : trainee.module->parameters()) {
+        std::vector<at::Tensor> one{p.grad()};
+        group->allreduce(one)->wait();
+        p.grad().div_(world);
+      }
+    }
+    trainee.optimizer->step();
+  };
+
+  for (int i = 0; i < options.warmup_steps; ++i) train_step();
+  if (group) group->barrier()->wait();
+  const Clock::time_point start = Clock::now();
+  for (int i = 0; i < options.steps; ++i) train_step();
+  const double elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
+
+  nlohmann::json row = {{"rank", rank},
+                        {"world", world},
+                        {"threads", options.threads},
+                        {"images_per_sec", static_cast<double>(options.steps * batch) / elapsed_s},
+                        {"step_ms", 1000.0 * elapsed_s / options.steps}};
+  std::printf("%s\n", row.dump().c_str());
+  std::fflush(stdout);
+  if (group) group->barrier()->wait();  // nobody leaves while a peer still reduces
+  kolo_optimizer.reset();
+  if (use_kolo) kolo::shutdown();
+  return 0;
+}
+
+}  // namespace kolo::bench
