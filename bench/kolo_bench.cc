@@ -121,6 +121,9 @@ int main(int argc, char** argv) {
                           "write a PNG of images/sec and efficiency against workers (gnuplot)");
   scaling_sub->add_option("--ddp-script", scaling.ddp_script, "path of bench/ddp_baseline.py");
   scaling_sub->add_option("--kolorun", scaling.kolorun, "path of kolorun");
+  scaling_sub->add_option("--python", scaling.python,
+                          "interpreter with PyTorch for the pytorch_ddp baseline")
+      ->capture_default_str();
   // The hidden worker mode the driver starts.
   scaling_sub->add_flag("--worker", scaling_is_worker)->group("");
   scaling_sub->add_option("--system", scaling_worker.system)->group("");

@@ -175,9 +175,10 @@ std::string self_path() {
   return p.string();
 }
 
-bool python_torch_available() {
+bool python_torch_available(const std::string& python) {
   // From "/": the repository's torch/ directory would shadow the package.
-  return std::system("cd / && python3 -c 'import torch.distributed' >/dev/null 2>&1") == 0;
+  const std::string check = "cd / && '" + python + "' -c 'import torch.distributed' >/dev/null 2>&1";
+  return std::system(check.c_str()) == 0;
 }
 
 int free_port() {
@@ -206,12 +207,13 @@ class Driver {
   }
 
   std::vector<Config> configs(std::vector<std::string>* notes) {
-    const bool have_python = python_torch_available();
+    const bool have_python = python_torch_available(options_.python);
     if (!have_python &&
         std::find(options_.systems.begin(), options_.systems.end(), "pytorch_ddp") !=
             options_.systems.end())
       notes->push_back(
-          "pytorch_ddp: not measured (python3 cannot import torch: apt-get install python3-torch)");
+          "pytorch_ddp: not measured (" + options_.python +
+          " cannot import torch: apt-get install python3-torch, or pass --python)");
     std::vector<Config> list;
     for (const std::string& model : options_.models) {
       for (const std::string& system : options_.systems) {
@@ -255,7 +257,7 @@ class Driver {
     } else if (config.system == "pytorch_ddp") {
       const std::string port = std::to_string(free_port());
       for (int r = 0; r < config.workers; ++r) {
-        Command c{{"python3", ddp_script_, "--model", config.model, "--steps",
+        Command c{{options_.python, ddp_script_, "--model", config.model, "--steps",
                    std::to_string(options_.steps), "--warmup-steps",
                    std::to_string(options_.warmup_steps), "--threads", threads, "--batch-size",
                    std::to_string(batch), "--data-dir", options_.data_dir},

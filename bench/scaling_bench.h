@@ -46,6 +46,9 @@ struct ScalingOptions {
   std::string command_line;
   std::string ddp_script;  // default: <source dir>/bench/ddp_baseline.py
   std::string kolorun;     // default: <build dir>/launcher/kolorun
+  // Debian's interpreter, where python3-torch lives (a pyenv python3 earlier
+  // in PATH has no torch).
+  std::string python = "/usr/bin/python3";
 };
 
 // What a worker process runs (the hidden `--worker` mode).

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""PyTorch DDP baseline of `kolo-bench scaling` (Debian's python3-torch 1.13).
+
+Trains the same two models as the C++ workers (bench/scaling_models.h) with
+DistributedDataParallel on the gloo backend and prints one JSON line per rank:
+{"rank", "world", "threads", "images_per_sec", "step_ms"}.
+
+Debian's torchrun fails on Python 3.11 (AttributeError inside the elastic
+agent), so start every rank by hand:
+
+  RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
+      python3 bench/ddp_baseline.py --model cnn &
+  RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
+      python3 bench/ddp_baseline.py --model cnn
+
+Without WORLD_SIZE (or with 1) it trains alone, with no process group.
+"""
+import argparse
+import gzip
+import json
+import os
+import struct
+import sys
+import time
+
+# The repository has a torch/ directory; never let it shadow the package.
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(
+    os.path.dirname(os.path.abspath(__file__)))]
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+
+class Cnn(nn.Module):
+    """The seed's Keras CNN, as in scaling_models.h."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3)
+        self.conv2 = nn.Conv2d(32, 64, 3)
+        self.fc1 = nn.Linear(64 * 12 * 12, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.relu(self.conv2(x))
+        x = F.max_pool2d(x, 2)
+        x = F.dropout(x, 0.25, self.training)
+        x = x.flatten(1)
+        x = F.relu(self.fc1(x))
+        x = F.dropout(x, 0.5, self.training)
+        return self.fc2(x)
+
+
+class Mlp(nn.Module):
+    """784-4096-4096-10."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(784, 4096)
+        self.fc2 = nn.Linear(4096, 4096)
+        self.fc3 = nn.Linear(4096, 10)
+
+    def forward(self, x):
+        x = x.flatten(1)
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+def read_idx(path, magic, dims):
+    try:
+        with gzip.open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        sys.exit(f"ddp_baseline: cannot read {path}: {e} "
+                 "(apt-get install dataset-fashion-mnist, or pass --data-dir)")
+    header = struct.unpack(">" + "I" * (1 + dims), data[:4 * (1 + dims)])
+    if header[0] != magic:
+        sys.exit(f"ddp_baseline: {path}: bad magic {header[0]:#x}, expected {magic:#x}")
+    body = torch.frombuffer(bytearray(data[4 * (1 + dims):]), dtype=torch.uint8)
+    return body.reshape(header[1:])
+
+
+def load(args):
+    if args.synthetic:
+        torch.manual_seed(7)
+        return (torch.randint(0, 256, (4096, 1, 28, 28), dtype=torch.uint8),
+                torch.randint(0, 10, (4096,), dtype=torch.long))
+    images = read_idx(os.path.join(args.data_dir, "train-images-idx3-ubyte.gz"), 0x803, 3)
+    labels = read_idx(os.path.join(args.data_dir, "train-labels-idx1-ubyte.gz"), 0x801, 1)
+    return images.unsqueeze(1), labels.long()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=["cnn", "mlp"], default="cnn")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--warmup-steps", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="per rank (default 64 for the CNN, 16 for the MLP)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--synthetic", action="store_true")
+    parser.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+    args = parser.parse_args()
+    batch = args.batch_size or (64 if args.model == "cnn" else 16)
+
+    torch.set_num_threads(args.threads)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    images, labels = load(args)
+
+    torch.manual_seed(42)
+    model = Cnn() if args.model == "cnn" else Mlp()
+    if world > 1:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        model = nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's weights
+    if args.model == "cnn":
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    torch.manual_seed(1000 + rank)
+    model.train()
+
+    n = images.shape[0]
+    step_index = 0
+
+    def train_step():
+        nonlocal step_index
+        start = ((step_index * world + rank) * batch) % (n - batch)
+        step_index += 1
+        x = images[start:start + batch].float().div_(255.0)
+        y = labels[start:start + batch]
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()  # DDP's reducer allreduces buckets during backward
+        optimizer.step()
+
+    for _ in range(args.warmup_steps):
+        train_step()
+    if world > 1:
+        dist.barrier()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        train_step()
+    elapsed = time.perf_counter() - start
+    print(json.dumps({"rank": rank, "world": world, "threads": args.threads,
+                      "images_per_sec": args.steps * batch / elapsed,
+                      "step_ms": 1000.0 * elapsed / args.steps}), flush=True)
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
