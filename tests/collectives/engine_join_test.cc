@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine_harness.h"
@@ -106,6 +108,38 @@ TEST_P(EngineJoin, UnevenStepsGiveSumsAndAveragesOverTheRanksStillRunning) {
   for (int r = 0; r < n; ++r) {
     EXPECT_EQ(last[r], n - 1);
     EXPECT_EQ(last_again[r], 0);
+  }
+}
+
+// A rank submits a (cached) tensor and joins without waiting for it: the
+// tensor still counts as its contribution, not as a joined rank's zeros.
+TEST_P(EngineJoin, RequestSubmittedJustBeforeJoinStillContributes) {
+  const auto& [backend, n] = GetParam();
+  EngineWorld world(backend, n);
+  std::vector<int> last(n, -1);
+  run_ranks(n, [&](int rank) {
+    auto engine = world.engine(rank);
+    for (int step = 0; step < 4; ++step) {
+      Tensor x({4}, 1.0f);
+      engine->allreduce_async("tail", x.view(), x.view(), {ReduceOp::kSum}).wait(kEngineTimeout);
+      ASSERT_EQ(x.data[0], float(n));
+    }
+    Tensor x({4}, float(rank + 1));
+    if (rank == 0) {
+      Handle h = engine->allreduce_async("tail", x.view(), x.view(), {ReduceOp::kSum});
+      last[rank] = engine->join();
+      h.wait(kEngineTimeout);
+    } else {
+      // The others submit later, after rank 0 has (most likely) joined.
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      engine->allreduce_async("tail", x.view(), x.view(), {ReduceOp::kSum}).wait(kEngineTimeout);
+      last[rank] = engine->join();
+    }
+    EXPECT_EQ(x.data[3], float(n * (n + 1) / 2)) << "rank " << rank;
+  });
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(last[r], last[0]);
+    EXPECT_NE(last[r], 0);
   }
 }
 

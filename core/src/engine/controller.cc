@@ -86,8 +86,13 @@ Controller::Outcome Controller::negotiate(bool shutting_down) {
   bool to_send = params_pending_ || !verdicts_.empty();
   const Clock::duration report_after = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(options_.stall_warning_seconds / 2));
+  // A join about to be sent takes this rank's cached requests along (ahead of
+  // it, in submission order): once it has joined, the others would otherwise
+  // count it as contributing nothing to them.
+  auto join = local_.find(kJoinName);
+  const bool joining = join != local_.end() && join->second.status == LocalStatus::kToSend;
   for (auto& [name, local] : local_) {
-    if (local.status == LocalStatus::kCached && now - local.since > report_after) {
+    if (local.status == LocalStatus::kCached && (joining || now - local.since > report_after)) {
       local.status = LocalStatus::kToSend;
       local.slot = -1;
     }

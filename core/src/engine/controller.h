@@ -45,7 +45,10 @@
 //    then stall failures, then table entries in arrival order.
 //
 // The cache is used only while no rank of the set has joined (joined ranks
-// contribute neutral data, so their responses depend on who joined).
+// contribute neutral data, so their responses depend on who joined). A rank
+// sending its JOIN sends its CACHED requests in the same list, ahead of it, so
+// that no entry can count it as joined while its own request sits in the
+// cached path.
 //
 // Stalls: set rank 0 runs the StallInspector over its table every cycle. A
 // request waiting in the CACHED path is invisible there, so a rank sends any
