@@ -1,0 +1,125 @@
+// The Engine's private state, shared by its source files (internal):
+//   engine.cc         the API: argument checks at the boundary, submission
+//   engine_thread.cc  the background thread: cycles, negotiation outcomes,
+//                     completion, process sets, timeline phases
+//   execute.cc        running agreed responses: fusion batches, joined ranks'
+//                     neutral inputs, the communicator calls
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/autotune.h"
+#include "engine/controller.h"
+#include "engine/fusion_buffer.h"
+#include "engine/handle.h"
+#include "engine/message.h"
+#include "engine/tensor_queue.h"
+#include "engine/timeline.h"
+#include "kolo/core/engine.h"
+#include "log.h"
+
+namespace kolo {
+
+namespace detail {
+// "[0, 2, 3]".
+std::string world_ranks_text(const std::vector<int>& ranks);
+}  // namespace detail
+
+struct Engine::Impl {
+  // One process set this rank belongs to (engine thread only).
+  struct SetState {
+    int id = 0;
+    std::vector<int> ranks;  // world ranks, sorted
+    int set_rank = 0;
+    std::unique_ptr<Communicator> own_comm;  // null for set 0 (the world)
+    Communicator* comm = nullptr;
+    std::unique_ptr<detail::Controller> controller;
+    // This rank's requests in negotiation or execution; keys view info.name.
+    std::unordered_map<std::string_view, std::unique_ptr<detail::Request>> pending;
+  };
+
+  Impl(std::unique_ptr<Communicator> world_comm, CommunicatorFactory comm_factory,
+       const EngineOptions& engine_options);
+  ~Impl();
+
+  // Caller side.
+  Handle submit(std::unique_ptr<detail::Request> request);
+  void check_name(const std::string& op, const std::string& name) const;
+  int set_size_checked(const std::string& op, int process_set, int* set_rank);
+
+  // Engine thread.
+  void run();
+  void agree_options();
+  void drain();
+  void run_set(SetState& set, detail::Controller::Outcome& outcome);
+  void execute(SetState& set, std::vector<const detail::Response*>& data);
+  void run_allreduce(SetState& set, const std::vector<const detail::Response*>& batch);
+  void run_allgather(SetState& set, const std::vector<const detail::Response*>& batch);
+  void run_broadcast(SetState& set, const std::vector<const detail::Response*>& batch);
+  void run_reducescatter(SetState& set, const detail::Response& r);
+  void run_alltoall(SetState& set, const detail::Response& r);
+  void add_set(const detail::Response& r, SetState& world_set);
+  void remove_set(const detail::Response& r, SetState& world_set);
+  detail::Request* local(SetState& set, const std::string& name);
+  // Completes `name`'s request; its waiters are woken by wake_finished().
+  void finish(SetState& set, const std::string& name, std::exception_ptr error);
+  void wake_finished();
+  void fail_everything(std::exception_ptr error);
+  TensorView allocate_output(detail::Request* request, const std::vector<int64_t>& shape,
+                             std::exception_ptr* error);
+  void count_collective(uint64_t bytes);
+
+  // Timeline helpers (no-ops without a timeline or a local request).
+  void phase_begin(detail::Request* r, detail::TimelinePhase phase, const char* op = nullptr);
+  void phase_end(detail::Request* r, detail::TimelinePhase phase);
+  void phases_close(detail::Request* r);
+  void mark_ready(detail::Request* r);
+
+  // --- fixed after construction
+  std::unique_ptr<Communicator> world;
+  CommunicatorFactory factory;
+  EngineOptions options;
+  int rank = 0;
+  int size = 1;
+  detail::Logger logger;
+
+  // --- shared between callers and the engine thread
+  detail::TensorQueue queue;
+  std::shared_ptr<detail::EngineWaker> waker = std::make_shared<detail::EngineWaker>();
+  mutable std::mutex mutex;              // guards the fields below
+  std::map<int, std::vector<int>> sets;  // known process sets -> world ranks
+  std::set<int> joining;                 // sets this rank is inside join() for
+  bool stopped = false;                  // the thread has stopped: submits fail
+  std::string stop_reason;
+  std::exception_ptr fault;  // the RuntimeFault that stopped the engine, if any
+  int add_calls = 0;
+  Stats stats;
+  std::atomic<bool> shutdown_requested{false};
+  std::atomic<double> current_cycle_time_ms{1.0};
+  std::atomic<int64_t> current_fusion_threshold_bytes{0};
+
+  // --- engine thread only
+  std::vector<std::unique_ptr<SetState>> active;  // by id; active[0] = set 0
+  int next_set_id = 1;
+  std::unique_ptr<detail::Timeline> timeline;
+  std::unique_ptr<detail::Autotuner> autotuner;
+  detail::FusionBuffer fusion;      // packed inputs / in-place fused results
+  detail::FusionBuffer fusion_out;  // fused allgather results
+  detail::FusionBuffer scratch;     // neutral inputs and discarded outputs of joined ranks
+  detail::FusionBuffer scratch_out;
+  uint64_t cycle_bytes = 0;
+  std::vector<std::shared_ptr<detail::HandleState>> to_wake;  // finished, waiters not yet woken
+  std::thread thread;
+};
+
+}  // namespace kolo

@@ -1,0 +1,533 @@
+// Running agreed responses (engine_impl.h): fusion batches packed into the
+// fusion buffer, joined ranks' neutral inputs, the communicator calls, and
+// unpacking into each request's output.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "engine/engine_impl.h"
+#include "kolo/core/errors.h"
+
+namespace kolo {
+
+using detail::Controller;
+using detail::ControllerOptions;
+using detail::FusionBuffer;
+using detail::HandleState;
+using detail::Request;
+using detail::RequestInfo;
+using detail::RequestKind;
+using detail::Response;
+using detail::TimelinePhase;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Requests larger than this run alone, directly on the caller's buffers,
+// instead of being packed into a fusion buffer. Packing costs two extra
+// copies of the tensor (in and out); on shm a 256 KiB copy costs about what
+// one collective's fixed latency does, so beyond it fusion loses (measured
+// on 2 shm ranks: the ResNet-50 gradient set packed whole ran ~2.9x the
+// single-buffer allreduce, since pack + unpack triple the memory traffic of
+// shm's cache-pipelined allreduce).
+constexpr int64_t kMaxFusedTensorBytes = 256 << 10;
+
+// Writes `count` neutral elements of `op` (the value that leaves the others'
+// reduction unchanged) for a joined rank. A negative prescale swaps min/max.
+void fill_neutral(void* buffer, size_t count, DType dtype, ReduceOp op, double prescale) {
+  if (count == 0) return;
+  if (op == ReduceOp::kSum || op == ReduceOp::kAverage) {
+    std::memset(buffer, 0, count * dtype_size(dtype));
+    return;
+  }
+  enum { kOne, kHighest, kLowest } which = kOne;
+  if (op == ReduceOp::kMin) which = prescale < 0 ? kLowest : kHighest;
+  if (op == ReduceOp::kMax) which = prescale < 0 ? kHighest : kLowest;
+  auto fill = [&](auto one, auto highest, auto lowest) {
+    using T = decltype(one);
+    const T value = which == kOne ? one : which == kHighest ? highest : lowest;
+    T* p = static_cast<T*>(buffer);
+    std::fill(p, p + count, value);
+  };
+  switch (dtype) {
+    case DType::kU8:
+      fill(uint8_t{1}, std::numeric_limits<uint8_t>::max(), uint8_t{0});
+      break;
+    case DType::kI8:
+      fill(int8_t{1}, std::numeric_limits<int8_t>::max(), std::numeric_limits<int8_t>::min());
+      break;
+    case DType::kI32:
+      fill(int32_t{1}, std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min());
+      break;
+    case DType::kI64:
+      fill(int64_t{1}, std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min());
+      break;
+    case DType::kF16:  // 1.0, +inf, -inf
+      fill(uint16_t{0x3C00}, uint16_t{0x7C00}, uint16_t{0xFC00});
+      break;
+    case DType::kBF16:
+      fill(uint16_t{0x3F80}, uint16_t{0x7F80}, uint16_t{0xFF80});
+      break;
+    case DType::kF32:
+      fill(1.0f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity());
+      break;
+    case DType::kF64:
+      fill(1.0, std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity());
+      break;
+  }
+}
+
+// The reduction a response runs: averages over the ranks that contributed
+// (ranks that joined add neutral zeros and are not counted).
+AllreduceOptions reduce_options(const Response& r, int set_size) {
+  AllreduceOptions o;
+  o.op = r.op;
+  o.prescale = r.prescale;
+  o.postscale = r.postscale;
+  if (r.op == ReduceOp::kAverage && r.contributors < set_size) {
+    o.op = ReduceOp::kSum;
+    o.postscale = r.postscale / r.contributors;
+  }
+  return o;
+}
+
+}  // namespace
+
+// ---- execution ----------------------------------------------------------------
+
+void Engine::Impl::execute(SetState& set, std::vector<const Response*>& data) {
+  // Batches: allreduces with the same dtype and reduction, allgathers, and
+  // broadcasts with the same root are packed together up to the fusion
+  // threshold (greedy, in response order); the rest run one by one. Batches
+  // run in the order of their first response, identically on every rank.
+  const int n = static_cast<int>(set.ranks.size());
+  const int64_t threshold = current_fusion_threshold_bytes;
+  struct Batch {
+    std::vector<const Response*> items;
+    int64_t bytes = 0;
+    bool open = true;
+  };
+  std::vector<Batch> batches;
+  // Fusion key: kind, dtype, reduction, scales, root. Responses with equal
+  // keys may share a batch.
+  using Key = std::tuple<int, int, int, double, double, int>;
+  std::map<Key, size_t> open_batch;  // key -> index in batches
+  for (const Response* r : data) {
+    int64_t bytes = 0;
+    bool fusable = true;
+    Key key{static_cast<int>(r->kind), 0, 0, 0.0, 0.0, 0};
+    const int64_t esize = static_cast<int64_t>(dtype_size(r->dtype));
+    switch (r->kind) {
+      case RequestKind::kAllreduce: {
+        const AllreduceOptions o = reduce_options(*r, n);
+        bytes = r->elements() * esize;
+        key = Key{static_cast<int>(r->kind),
+                  static_cast<int>(r->dtype),
+                  static_cast<int>(o.op),
+                  o.prescale,
+                  o.postscale,
+                  0};
+        break;
+      }
+      case RequestKind::kAllgather: {  // fused as bytes: any dtypes together
+        int64_t rows = 0;
+        for (int64_t v : r->rows) rows += v;
+        bytes = rows * r->row_elements() * esize;
+        break;
+      }
+      case RequestKind::kBroadcast:  // fused as bytes, per root
+        bytes = r->elements() * esize;
+        std::get<5>(key) = r->root;
+        break;
+      default:
+        fusable = false;
+        break;
+    }
+    // Packing costs two extra copies of the tensor; above this size they cost
+    // more than the collective's fixed latency that fusion saves.
+    if (bytes > kMaxFusedTensorBytes) fusable = false;
+    if (fusable && threshold > 0) {
+      auto it = open_batch.find(key);
+      if (it != open_batch.end()) {
+        Batch& b = batches[it->second];
+        if (b.bytes + bytes <= threshold) {
+          b.items.push_back(r);
+          b.bytes += bytes;
+          continue;
+        }
+      }
+      open_batch[key] = batches.size();
+    }
+    batches.push_back(Batch{{r}, bytes, true});
+  }
+
+  for (Batch& b : batches) {
+    const Response& first = *b.items.front();
+    try {
+      switch (first.kind) {
+        case RequestKind::kAllreduce:
+          run_allreduce(set, b.items);
+          break;
+        case RequestKind::kAllgather:
+          run_allgather(set, b.items);
+          break;
+        case RequestKind::kBroadcast:
+          run_broadcast(set, b.items);
+          break;
+        case RequestKind::kReducescatter:
+          run_reducescatter(set, first);
+          break;
+        case RequestKind::kAlltoall:
+          run_alltoall(set, first);
+          break;
+        default:
+          break;
+      }
+    } catch (const RuntimeFault&) {
+      throw;  // the communicator is gone: the run loop fails everything
+    } catch (const std::exception& e) {
+      // A communicator's ContractError is raised on every rank alike, so the
+      // engine stays in step: fail this batch and go on.
+      const auto error = std::make_exception_ptr(ContractError(e.what()));
+      for (const Response* r : b.items) finish(set, r->name, error);
+    }
+    wake_finished();
+  }
+}
+
+TensorView Engine::Impl::allocate_output(Request* request, const std::vector<int64_t>& shape,
+                                         std::exception_ptr* error) {
+  TensorView view;
+  try {
+    if (!request->allocate) throw ContractError("no AllocateOutput was given");
+    view = request->allocate(shape);
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    if (view.dtype != request->in.dtype) {
+      throw ContractError(std::string("the allocated output has dtype ") + dtype_name(view.dtype) +
+                          ", expected " + dtype_name(request->in.dtype));
+    }
+    if (view.numel() != numel) {
+      throw ContractError("the allocated output has " + std::to_string(view.numel()) +
+                          " elements, expected " + std::to_string(numel) + " (shape " +
+                          detail::shape_text(shape) + ")");
+    }
+    if (numel > 0 && view.data == nullptr) {
+      throw ContractError("the allocated output's data is null");
+    }
+    return view;
+  } catch (const std::exception& e) {
+    *error = std::make_exception_ptr(ContractError(
+        std::string("kolo engine: ") + request_kind_name(request->info.kind) + " of tensor '" +
+        request->info.name + "': AllocateOutput failed: " + e.what()));
+    return TensorView{};
+  }
+}
+
+void Engine::Impl::run_allreduce(SetState& set, const std::vector<const Response*>& batch) {
+  const int n = static_cast<int>(set.ranks.size());
+  const Response& first = *batch.front();
+  const AllreduceOptions o = reduce_options(first, n);
+  const size_t esize = dtype_size(first.dtype);
+  if (batch.size() == 1) {
+    Request* req = local(set, first.name);
+    const size_t count = static_cast<size_t>(first.elements());
+    const void* in;
+    void* out;
+    if (req) {
+      in = req->in.data;
+      out = req->out.data;
+    } else {
+      out = scratch.get(count * esize);
+      fill_neutral(out, count, first.dtype, first.op, first.prescale);
+      in = out;
+    }
+    phase_end(req, TimelinePhase::kQueue);
+    phase_begin(req, TimelinePhase::kCollective, "ALLREDUCE");
+    set.comm->allreduce(in, out, count, first.dtype, o);
+    count_collective(count * esize);
+    phase_end(req, TimelinePhase::kCollective);
+    finish(set, first.name, nullptr);
+    return;
+  }
+  size_t total = 0;
+  std::vector<Request*> reqs;
+  reqs.reserve(batch.size());
+  for (const Response* r : batch) {
+    total += static_cast<size_t>(r->elements());
+    reqs.push_back(local(set, r->name));
+  }
+  uint8_t* buffer = fusion.get(total * esize);
+  size_t offset = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const Response* r = batch[i];
+    Request* req = reqs[i];
+    const size_t bytes = static_cast<size_t>(r->elements()) * esize;
+    phase_end(req, TimelinePhase::kQueue);
+    phase_begin(req, TimelinePhase::kMemcpyInFusionBuffer);
+    if (req) {
+      if (bytes) std::memcpy(buffer + offset, req->in.data, bytes);
+    } else {
+      fill_neutral(buffer + offset, static_cast<size_t>(r->elements()), r->dtype, r->op,
+                   r->prescale);
+    }
+    phase_end(req, TimelinePhase::kMemcpyInFusionBuffer);
+    phase_begin(req, TimelinePhase::kCollective, "ALLREDUCE");
+    offset += bytes;
+  }
+  set.comm->allreduce(buffer, buffer, total, first.dtype, o);
+  count_collective(total * esize);
+  offset = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const Response* r = batch[i];
+    Request* req = reqs[i];
+    const size_t bytes = static_cast<size_t>(r->elements()) * esize;
+    phase_end(req, TimelinePhase::kCollective);
+    phase_begin(req, TimelinePhase::kMemcpyOutFusionBuffer);
+    if (req && bytes) std::memcpy(req->out.data, buffer + offset, bytes);
+    phase_end(req, TimelinePhase::kMemcpyOutFusionBuffer);
+    offset += bytes;
+    finish(set, r->name, nullptr);
+  }
+}
+
+void Engine::Impl::run_allgather(SetState& set, const std::vector<const Response*>& batch) {
+  const int n = static_cast<int>(set.ranks.size());
+  const int me = set.set_rank;
+  struct Item {
+    const Response* r;
+    Request* req;
+    TensorView out;
+    std::exception_ptr error;
+    size_t row_bytes;
+    size_t total_rows;
+  };
+  std::vector<Item> items;
+  size_t total_bytes = 0;
+  for (const Response* r : batch) {
+    Item it{r, local(set, r->name), {}, nullptr, 0, 0};
+    it.row_bytes = static_cast<size_t>(r->row_elements()) * dtype_size(r->dtype);
+    for (int64_t rows : r->rows) it.total_rows += static_cast<size_t>(rows);
+    if (it.req) {
+      std::vector<int64_t> shape = it.req->info.shape;
+      shape[0] = static_cast<int64_t>(it.total_rows);
+      it.out = allocate_output(it.req, shape, &it.error);
+    }
+    total_bytes += it.total_rows * it.row_bytes;
+    items.push_back(it);
+  }
+  if (items.size() == 1) {
+    Item& it = items.front();
+    const size_t row_elements = static_cast<size_t>(it.r->row_elements());
+    std::vector<size_t> counts(n);
+    for (int k = 0; k < n; ++k) counts[k] = static_cast<size_t>(it.r->rows[k]) * row_elements;
+    const void* in = it.req && it.req->in.data ? it.req->in.data : scratch.get(1);
+    void* out = it.out.data && !it.error ? it.out.data : scratch_out.get(total_bytes + 1);
+    phase_end(it.req, TimelinePhase::kQueue);
+    phase_begin(it.req, TimelinePhase::kCollective, "ALLGATHER");
+    set.comm->allgatherv(in, out, counts, it.r->dtype, CollectiveOptions{});
+    count_collective(total_bytes);
+    phase_end(it.req, TimelinePhase::kCollective);
+  } else {
+    // Rank k's block holds its rows of every tensor, in batch order.
+    std::vector<size_t> block(n, 0);
+    for (const Item& it : items) {
+      for (int k = 0; k < n; ++k) block[k] += static_cast<size_t>(it.r->rows[k]) * it.row_bytes;
+    }
+    uint8_t* packed = fusion.get(block[me] + 1);
+    uint8_t* gathered = fusion_out.get(total_bytes + 1);
+    size_t offset = 0;
+    for (Item& it : items) {
+      const size_t bytes = static_cast<size_t>(it.r->rows[me]) * it.row_bytes;
+      phase_end(it.req, TimelinePhase::kQueue);
+      phase_begin(it.req, TimelinePhase::kMemcpyInFusionBuffer);
+      if (bytes) std::memcpy(packed + offset, it.req->in.data, bytes);
+      offset += bytes;
+      phase_end(it.req, TimelinePhase::kMemcpyInFusionBuffer);
+      phase_begin(it.req, TimelinePhase::kCollective, "ALLGATHER");
+    }
+    set.comm->allgatherv(packed, gathered, block, DType::kU8, CollectiveOptions{});
+    count_collective(total_bytes);
+    // Unpack: tensor t's rows from rank k follow the earlier tensors' rows in k's block.
+    std::vector<size_t> block_start(n, 0);
+    for (int k = 1; k < n; ++k) block_start[k] = block_start[k - 1] + block[k - 1];
+    std::vector<size_t> within(n, 0);
+    for (Item& it : items) {
+      phase_end(it.req, TimelinePhase::kCollective);
+      phase_begin(it.req, TimelinePhase::kMemcpyOutFusionBuffer);
+      size_t out_offset = 0;
+      for (int k = 0; k < n; ++k) {
+        const size_t bytes = static_cast<size_t>(it.r->rows[k]) * it.row_bytes;
+        if (it.req && !it.error && bytes) {
+          std::memcpy(static_cast<uint8_t*>(it.out.data) + out_offset,
+                      gathered + block_start[k] + within[k], bytes);
+        }
+        within[k] += bytes;
+        out_offset += bytes;
+      }
+      phase_end(it.req, TimelinePhase::kMemcpyOutFusionBuffer);
+    }
+  }
+  for (Item& it : items) {
+    if (it.req) {
+      std::lock_guard<std::mutex> lock(it.req->handle->mutex);
+      it.req->handle->received_splits = it.r->rows;
+      it.req->handle->output = it.out;
+    }
+    finish(set, it.r->name, it.error);
+  }
+}
+
+void Engine::Impl::run_broadcast(SetState& set, const std::vector<const Response*>& batch) {
+  const Response& first = *batch.front();
+  const int root = first.root;
+  const bool is_root = set.set_rank == root;
+  BroadcastOptions bo;
+  bo.root = root;
+  if (batch.size() == 1) {
+    Request* req = local(set, first.name);
+    const size_t count = static_cast<size_t>(first.elements());
+    void* buffer = req ? req->in.data : scratch.get(count * dtype_size(first.dtype) + 1);
+    if (buffer == nullptr) buffer = scratch.get(1);
+    phase_end(req, TimelinePhase::kQueue);
+    phase_begin(req, TimelinePhase::kCollective, "BROADCAST");
+    set.comm->broadcast(buffer, count, first.dtype, bo);
+    count_collective(count * dtype_size(first.dtype));
+    phase_end(req, TimelinePhase::kCollective);
+    finish(set, first.name, nullptr);
+    return;
+  }
+  size_t total = 0;
+  for (const Response* r : batch)
+    total += static_cast<size_t>(r->elements()) * dtype_size(r->dtype);
+  uint8_t* buffer = fusion.get(total + 1);
+  size_t offset = 0;
+  for (const Response* r : batch) {
+    Request* req = local(set, r->name);
+    const size_t bytes = static_cast<size_t>(r->elements()) * dtype_size(r->dtype);
+    phase_end(req, TimelinePhase::kQueue);
+    if (is_root) {
+      phase_begin(req, TimelinePhase::kMemcpyInFusionBuffer);
+      if (bytes) std::memcpy(buffer + offset, req->in.data, bytes);
+      phase_end(req, TimelinePhase::kMemcpyInFusionBuffer);
+    }
+    phase_begin(req, TimelinePhase::kCollective, "BROADCAST");
+    offset += bytes;
+  }
+  set.comm->broadcast(buffer, total, DType::kU8, bo);
+  count_collective(total);
+  offset = 0;
+  for (const Response* r : batch) {
+    Request* req = local(set, r->name);
+    const size_t bytes = static_cast<size_t>(r->elements()) * dtype_size(r->dtype);
+    phase_end(req, TimelinePhase::kCollective);
+    if (!is_root && req) {
+      phase_begin(req, TimelinePhase::kMemcpyOutFusionBuffer);
+      if (bytes) std::memcpy(req->in.data, buffer + offset, bytes);
+      phase_end(req, TimelinePhase::kMemcpyOutFusionBuffer);
+    }
+    offset += bytes;
+    finish(set, r->name, nullptr);
+  }
+}
+
+void Engine::Impl::run_reducescatter(SetState& set, const Response& r) {
+  const int n = static_cast<int>(set.ranks.size());
+  const int me = set.set_rank;
+  const AllreduceOptions o = reduce_options(r, n);
+  const size_t esize = dtype_size(r.dtype);
+  const size_t rows = static_cast<size_t>(r.shape[0]);
+  const size_t row_elements = static_cast<size_t>(r.row_elements());
+  const size_t base = rows / n;
+  const size_t extra = rows % n;
+  auto rows_of = [&](int k) { return base + (static_cast<size_t>(k) < extra ? 1 : 0); };
+
+  Request* req = local(set, r.name);
+  const void* in;
+  void* out;
+  if (req) {
+    in = req->in.data;
+    out = req->out.data;
+  } else {
+    void* neutral = scratch.get(rows * row_elements * esize + 1);
+    fill_neutral(neutral, rows * row_elements, r.dtype, r.op, r.prescale);
+    in = neutral;
+    out = scratch_out.get(rows_of(me) * row_elements * esize + 1);
+  }
+  phase_end(req, TimelinePhase::kQueue);
+  if (extra == 0) {
+    phase_begin(req, TimelinePhase::kCollective, "REDUCESCATTER");
+    set.comm->reducescatter(in ? in : scratch.get(1), out ? out : scratch_out.get(1),
+                            base * row_elements, r.dtype, o);
+    phase_end(req, TimelinePhase::kCollective);
+  } else {
+    // Uneven split: pad every rank's share to base + 1 rows, reduce-scatter
+    // the padded buffer in place, copy this rank's rows out.
+    const size_t block = (base + 1) * row_elements * esize;
+    uint8_t* padded = fusion.get(block * n);
+    phase_begin(req, TimelinePhase::kMemcpyInFusionBuffer);
+    size_t from = 0;
+    for (int k = 0; k < n; ++k) {
+      const size_t bytes = rows_of(k) * row_elements * esize;
+      if (bytes) std::memcpy(padded + k * block, static_cast<const uint8_t*>(in) + from, bytes);
+      if (bytes < block) std::memset(padded + k * block + bytes, 0, block - bytes);
+      from += bytes;
+    }
+    phase_end(req, TimelinePhase::kMemcpyInFusionBuffer);
+    phase_begin(req, TimelinePhase::kCollective, "REDUCESCATTER");
+    set.comm->reducescatter(padded, padded, (base + 1) * row_elements, r.dtype, o);
+    phase_end(req, TimelinePhase::kCollective);
+    phase_begin(req, TimelinePhase::kMemcpyOutFusionBuffer);
+    const size_t mine = rows_of(me) * row_elements * esize;
+    if (mine) std::memcpy(out, padded, mine);
+    phase_end(req, TimelinePhase::kMemcpyOutFusionBuffer);
+  }
+  count_collective(rows * row_elements * esize);
+  finish(set, r.name, nullptr);
+}
+
+void Engine::Impl::run_alltoall(SetState& set, const Response& r) {
+  const int n = static_cast<int>(set.ranks.size());
+  const int me = set.set_rank;
+  const size_t row_elements = static_cast<size_t>(r.row_elements());
+  const size_t esize = dtype_size(r.dtype);
+  std::vector<size_t> send(n), recv(n);
+  std::vector<int64_t> received(n);
+  size_t recv_rows = 0;
+  for (int k = 0; k < n; ++k) {
+    send[k] = static_cast<size_t>(r.splits[me * n + k]) * row_elements;
+    received[k] = r.splits[k * n + me];
+    recv[k] = static_cast<size_t>(received[k]) * row_elements;
+    recv_rows += static_cast<size_t>(received[k]);
+  }
+  Request* req = local(set, r.name);
+  TensorView out;
+  std::exception_ptr error;
+  if (req) {
+    std::vector<int64_t> shape = req->info.shape;
+    shape[0] = static_cast<int64_t>(recv_rows);
+    out = allocate_output(req, shape, &error);
+  }
+  const void* in = req && req->in.data ? req->in.data : scratch.get(1);
+  void* out_data =
+      out.data && !error ? out.data : scratch_out.get(recv_rows * row_elements * esize + 1);
+  phase_end(req, TimelinePhase::kQueue);
+  phase_begin(req, TimelinePhase::kCollective, "ALLTOALL");
+  set.comm->alltoallv(in, send, out_data, recv, r.dtype, CollectiveOptions{});
+  phase_end(req, TimelinePhase::kCollective);
+  size_t bytes = 0;
+  for (int k = 0; k < n; ++k) bytes += (send[k] + recv[k]) * esize;
+  count_collective(bytes / 2);
+  if (req) {
+    std::lock_guard<std::mutex> lock(req->handle->mutex);
+    req->handle->received_splits = received;
+    req->handle->output = out;
+  }
+  finish(set, r.name, error);
+}
+
+}  // namespace kolo
