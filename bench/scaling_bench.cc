@@ -50,7 +50,8 @@ struct Child {
 
 Child spawn(const Command& command) {
   int fds[2];
-  if (pipe(fds) != 0) throw RuntimeFault(std::string("kolo-bench scaling: pipe: ") + strerror(errno));
+  if (pipe(fds) != 0)
+    throw RuntimeFault(std::string("kolo-bench scaling: pipe: ") + strerror(errno));
   const pid_t pid = fork();
   if (pid < 0) throw RuntimeFault(std::string("kolo-bench scaling: fork: ") + strerror(errno));
   if (pid == 0) {
@@ -177,7 +178,8 @@ std::string self_path() {
 
 bool python_torch_available(const std::string& python) {
   // From "/": the repository's torch/ directory would shadow the package.
-  const std::string check = "cd / && '" + python + "' -c 'import torch.distributed' >/dev/null 2>&1";
+  const std::string check =
+      "cd / && '" + python + "' -c 'import torch.distributed' >/dev/null 2>&1";
   return std::system(check.c_str()) == 0;
 }
 
@@ -208,12 +210,10 @@ class Driver {
 
   std::vector<Config> configs(std::vector<std::string>* notes) {
     const bool have_python = python_torch_available(options_.python);
-    if (!have_python &&
-        std::find(options_.systems.begin(), options_.systems.end(), "pytorch_ddp") !=
-            options_.systems.end())
-      notes->push_back(
-          "pytorch_ddp: not measured (" + options_.python +
-          " cannot import torch: apt-get install python3-torch, or pass --python)");
+    if (!have_python && std::find(options_.systems.begin(), options_.systems.end(),
+                                  "pytorch_ddp") != options_.systems.end())
+      notes->push_back("pytorch_ddp: not measured (" + options_.python +
+                       " cannot import torch: apt-get install python3-torch, or pass --python)");
     std::vector<Config> list;
     for (const std::string& model : options_.models) {
       for (const std::string& system : options_.systems) {
@@ -230,18 +230,18 @@ class Driver {
 
   Measurement* measure_once(const Config& config, Measurement* m, int repeat) {
     const int batch = config.model == "cnn" ? options_.cnn_batch : options_.mlp_batch;
-    std::vector<std::string> worker_args = {
-        "scaling",         "--worker",
-        "--model",         config.model,
-        "--steps",         std::to_string(options_.steps),
-        "--warmup-steps",  std::to_string(options_.warmup_steps),
-        "--threads",       std::to_string(config.threads),
-        "--batch-size",    std::to_string(batch),
-        "--data-dir",      options_.data_dir};
+    std::vector<std::string> worker_args = {"scaling",        "--worker",
+                                            "--model",        config.model,
+                                            "--steps",        std::to_string(options_.steps),
+                                            "--warmup-steps", std::to_string(options_.warmup_steps),
+                                            "--threads",      std::to_string(config.threads),
+                                            "--batch-size",   std::to_string(batch),
+                                            "--data-dir",     options_.data_dir};
     if (options_.synthetic) worker_args.push_back("--synthetic");
     const std::string threads = std::to_string(config.threads);
     const std::vector<std::pair<std::string, std::string>> thread_env = {
-        {"OMP_NUM_THREADS", threads}, {"OPENBLAS_NUM_THREADS", threads},
+        {"OMP_NUM_THREADS", threads},
+        {"OPENBLAS_NUM_THREADS", threads},
         {"MKL_NUM_THREADS", threads}};
 
     std::vector<Command> commands;
@@ -278,8 +278,8 @@ class Driver {
         c.argv.insert(c.argv.end(), worker_args.begin(), worker_args.end());
         c.argv.insert(c.argv.end(), {"--system", c10d ? "c10d_gloo" : "local"});
         if (c10d) c.argv.insert(c.argv.end(), {"--store-path", scratch_ + "/store-" + tag});
-        c.env.insert(c.env.end(), {{"RANK", std::to_string(r)},
-                                   {"WORLD_SIZE", std::to_string(config.workers)}});
+        c.env.insert(c.env.end(),
+                     {{"RANK", std::to_string(r)}, {"WORLD_SIZE", std::to_string(config.workers)}});
         commands.push_back(c);
       }
     }
@@ -381,8 +381,8 @@ int run_scaling_bench(const ScalingOptions& options) {
                  std::to_string(options.repeats) + " interleaved passes; " +
                  (options.synthetic ? "synthetic data" : "Fashion-MNIST") + ", " +
                  std::to_string(cores) + " cores";
-  report.columns = {"model",        "system",     "workers", "threads/worker", "batch/worker",
-                    "images/sec",   "step ms",    "efficiency", "vs independent", "note"};
+  report.columns = {"model",      "system",  "workers",    "threads/worker", "batch/worker",
+                    "images/sec", "step ms", "efficiency", "vs independent", "note"};
   for (size_t i = 0; i < configs.size(); ++i) {
     const Config& c = configs[i];
     const Measurement& m = measurements[i];
@@ -403,8 +403,7 @@ int run_scaling_bench(const ScalingOptions& options) {
     const double value = median(m.images_per_sec);
     // Classic efficiency: against workers x the 1-worker kolo figure.
     const auto base = ips.find(config_key(c.model, "kolo", 1));
-    const double efficiency =
-        base != ips.end() ? value / (c.workers * base->second) : 0.0;
+    const double efficiency = base != ips.end() ? value / (c.workers * base->second) : 0.0;
     const auto ceiling = ips.find(config_key(c.model, "independent", c.workers));
     const double vs_ceiling = ceiling != ips.end() ? value / ceiling->second : 0.0;
     row["images_per_sec"] = value;
@@ -412,16 +411,38 @@ int run_scaling_bench(const ScalingOptions& options) {
     row["efficiency"] = efficiency;
     row["efficiency_vs_independent"] = vs_ceiling;
     row["runs"] = m.images_per_sec;
-    report.add_row({c.model, c.system, std::to_string(c.workers), std::to_string(c.threads),
-                    std::to_string(batch), format_fixed(value, 1), format_fixed(median(m.step_ms), 1),
-                    base != ips.end() ? format_fixed(100 * efficiency, 1) + "%" : "-",
-                    ceiling != ips.end() ? format_fixed(100 * vs_ceiling, 1) + "%" : "-", note},
-                   row);
+    report.add_row(
+        {c.model, c.system, std::to_string(c.workers), std::to_string(c.threads),
+         std::to_string(batch), format_fixed(value, 1), format_fixed(median(m.step_ms), 1),
+         base != ips.end() ? format_fixed(100 * efficiency, 1) + "%" : "-",
+         ceiling != ips.end() ? format_fixed(100 * vs_ceiling, 1) + "%" : "-", note},
+        row);
   }
   report.notes.push_back(
       "efficiency = images/sec / (workers x kolo's 1-worker images/sec); vs independent = "
       "images/sec / that of the same number of independent processes (no gradient exchange: "
       "the machine's ceiling)");
+  // The ratios, per model: kolo against each baseline.
+  for (const std::string& model : options.models) {
+    auto ratio = [&](const std::string& what, const std::string& system, int workers,
+                     const std::string& base_system, int base_workers) {
+      const auto a = ips.find(config_key(model, system, workers));
+      const auto b = ips.find(config_key(model, base_system, base_workers));
+      if (a == ips.end() || b == ips.end()) return;
+      report.notes.push_back(model + ": " + what + " = " + format_fixed(a->second / b->second, 2) +
+                             "x");
+    };
+    ratio("kolo x1 / libtorch_1thread", "kolo", 1, "libtorch_1thread", 1);
+    ratio("kolo x2 / libtorch_2threads", "kolo", 2, "libtorch_2threads", 1);
+    ratio("kolo x2 / independent x2", "kolo", 2, "independent", 2);
+    ratio("kolo x2 / c10d_gloo x2", "kolo", 2, "c10d_gloo", 2);
+    ratio("kolo x2 / pytorch_ddp x2", "kolo", 2, "pytorch_ddp", 2);
+    ratio("independent x2 / independent x1", "independent", 2, "independent", 1);
+  }
+  if (std::any_of(options.workers.begin(), options.workers.end(),
+                  [&](int w) { return static_cast<unsigned>(w * options.threads) > cores; }))
+    report.notes.push_back("oversubscribed rows run more worker threads than the " +
+                           std::to_string(cores) + " cores");
   report.notes.insert(report.notes.end(), notes.begin(), notes.end());
 
   if (!options.plot_path.empty()) write_plot(options, report.json_rows, &report.notes);

@@ -28,8 +28,8 @@ namespace kolo::bench {
 
 struct ScalingOptions {
   std::vector<std::string> models = {"cnn", "mlp"};
-  std::vector<std::string> systems = {"kolo",     "independent",   "libtorch_1thread",
-                                      "libtorch_2threads", "c10d_gloo", "pytorch_ddp"};
+  std::vector<std::string> systems = {
+      "kolo", "independent", "libtorch_1thread", "libtorch_2threads", "c10d_gloo", "pytorch_ddp"};
   std::vector<int> workers = {1, 2, 4};
   int steps = 50;          // timed steps per worker
   int warmup_steps = 5;    // untimed steps first

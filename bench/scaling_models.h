@@ -9,11 +9,11 @@
 // The MLP 784-4096-4096-10 (20.8 M parameters) is the communication-heavy one.
 #pragma once
 
+#include <torch/nn/functional/dropout.h>
+#include <torch/nn/functional/pooling.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/nn/functional/dropout.h>
-#include <torch/nn/functional/pooling.h>
 
 namespace kolo::bench {
 

@@ -1,8 +1,6 @@
 // The worker side of `kolo-bench scaling` (see scaling_bench.h): one process
 // of one configuration trains the model and prints its throughput as JSON.
 #define USE_C10D_GLOO 1  // ProcessGroupGloo.hpp is empty without it
-#include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
@@ -15,6 +13,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "fashion_mnist_data.h"  // examples/fashion_mnist, compiled into kolo-bench
 #include "kolo/core/runtime.h"
@@ -66,14 +66,14 @@ Trainee make_trainee(const std::string& model) {
     ScalingCnn cnn;
     t.module = cnn.ptr();
     t.forward = [cnn](const torch::Tensor& x) mutable { return cnn->forward(x); };
-    t.optimizer = std::make_unique<torch::optim::Adam>(cnn->parameters(),
-                                                       torch::optim::AdamOptions(1e-3));
+    t.optimizer =
+        std::make_unique<torch::optim::Adam>(cnn->parameters(), torch::optim::AdamOptions(1e-3));
   } else if (model == "mlp") {
     ScalingMlp mlp;
     t.module = mlp.ptr();
     t.forward = [mlp](const torch::Tensor& x) mutable { return mlp->forward(x); };
-    t.optimizer = std::make_unique<torch::optim::SGD>(mlp->parameters(),
-                                                      torch::optim::SGDOptions(0.01));
+    t.optimizer =
+        std::make_unique<torch::optim::SGD>(mlp->parameters(), torch::optim::SGDOptions(0.01));
   } else {
     throw std::invalid_argument("kolo-bench scaling --worker: unknown --model '" + model +
                                 "' (cnn or mlp)");
@@ -88,8 +88,8 @@ int run_scaling_worker(const ScalingWorkerOptions& options) {
   const bool use_kolo = options.system == "kolo";
   const bool use_c10d = options.system == "c10d_gloo";
   if (!use_kolo && !use_c10d && options.system != "local")
-    throw std::invalid_argument("kolo-bench scaling --worker: unknown --system '" +
-                                options.system + "' (kolo, c10d_gloo or local)");
+    throw std::invalid_argument("kolo-bench scaling --worker: unknown --system '" + options.system +
+                                "' (kolo, c10d_gloo or local)");
 
   int rank = env_int("RANK", 0);
   int world = env_int("WORLD_SIZE", 1);
@@ -114,8 +114,7 @@ int run_scaling_worker(const ScalingWorkerOptions& options) {
     // 0's weights broadcast, then every gradient allreduced after backward().
     auto store = c10::make_intrusive<c10d::FileStore>(options.store_path, world);
     auto group_options = c10d::ProcessGroupGloo::Options::create();
-    group_options->devices.push_back(
-        c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    group_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
     group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, group_options);
     torch::NoGradGuard no_grad;
     for (torch::Tensor& p : trainee.module->parameters()) {
@@ -135,8 +134,10 @@ int run_scaling_worker(const ScalingWorkerOptions& options) {
     const torch::Tensor images =
         data.images.slice(0, start, start + batch).to(torch::kFloat).div_(255.0);
     const torch::Tensor labels = data.labels.slice(0, start, start + batch);
-    if (kolo_optimizer) kolo_optimizer->zero_grad();
-    else trainee.optimizer->zero_grad();
+    if (kolo_optimizer)
+      kolo_optimizer->zero_grad();
+    else
+      trainee.optimizer->zero_grad();
     const torch::Tensor loss =
         torch::nn::functional::cross_entropy(trainee.forward(images), labels);
     loss.backward();
