@@ -4,7 +4,11 @@
 // correctness matrix over shm is in tests/collectives; killed processes are in
 // tests/multiproc/shm_fault_test.cc.
 #include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -17,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/shm_segment.h"
 #include "kolo/core/communicator.h"
 #include "kolo/core/errors.h"
 #include "kolo/core/store.h"
@@ -429,6 +434,40 @@ TEST(ShmCommunicator, DestroyedPeerFailsWaiterFast) {
   }
   destroyer.join();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+// A job killed during a rendezvous leaves a named segment; the next
+// communicator on the host removes it once its creator is gone.
+TEST(ShmSegment, StaleSegmentsOfDeadCreatorsAreRemoved) {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  waitpid(child, nullptr, 0);  // now a pid with no process
+  auto make = [](const std::string& name, bool old) {
+    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    EXPECT_GE(fd, 0) << name;
+    if (fd < 0) return;
+    if (old) {
+      timespec times[2] = {{time(nullptr) - 3600, 0}, {time(nullptr) - 3600, 0}};
+      futimens(fd, times);
+    }
+    close(fd);
+  };
+  const std::string dead_old = "/kolo-" + std::to_string(child) + "-00000000000000aa";
+  const std::string dead_new = "/kolo-" + std::to_string(child) + "-00000000000000bb";
+  const std::string alive_old = "/kolo-" + std::to_string(getpid()) + "-00000000000000cc";
+  make(dead_old, true);
+  make(dead_new, false);
+  make(alive_old, true);
+  EXPECT_GE(detail::remove_stale_segments(std::chrono::seconds(10)), 1);
+  auto exists = [](const std::string& name) {
+    return access(("/dev/shm" + name).c_str(), F_OK) == 0;
+  };
+  EXPECT_FALSE(exists(dead_old));
+  EXPECT_TRUE(exists(dead_new));
+  EXPECT_TRUE(exists(alive_old));
+  shm_unlink(dead_new.c_str());
+  shm_unlink(alive_old.c_str());
 }
 
 }  // namespace

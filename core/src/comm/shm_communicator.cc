@@ -70,6 +70,9 @@ constexpr int kMaxFailedRanks = 64;
 // How often a blocked waiter checks that the ranks it waits for are alive.
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
 constexpr int64_t kMaxChunkBytes = int64_t{1} << 30;
+// A named segment whose creator is gone is removed once it is this old (a
+// rendezvous in progress always has a live creator; the age is a second guard).
+constexpr auto kStaleSegmentAge = std::chrono::seconds(10);
 // allreduce switches from gather (all ranks reduce everything) to
 // reduce-scatter + allgather at this size.
 constexpr size_t kScatterMinBytes = 128 * 1024;
@@ -301,6 +304,9 @@ void ShmCommunicator::register_self() {
 }
 
 void ShmCommunicator::create_segment(const CommunicatorOptions& options, size_t total_bytes) {
+  // Names only exist during a rendezvous; a job killed in that window leaves
+  // one behind, which the next communicator on this host removes.
+  remove_stale_segments(kStaleSegmentAge);
   segment_ = ShmSegment::create(unique_segment_name(), total_bytes);
   Header* h = header();
   h->total_bytes = total_bytes;

@@ -1,6 +1,7 @@
 // POSIX shared-memory segments, futex waits and process liveness (shm_segment.h).
 #include "comm/shm_segment.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <signal.h>
@@ -142,6 +143,29 @@ std::string unique_segment_name() {
   std::snprintf(name, sizeof(name), "/kolo-%d-%016llx", static_cast<int>(getpid()),
                 static_cast<unsigned long long>(((high << 32) | low) ^ now));
   return name;
+}
+
+int remove_stale_segments(std::chrono::seconds min_age) {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  int removed = 0;
+  const time_t now = time(nullptr);
+  while (dirent* entry = readdir(dir)) {
+    int pid = 0;
+    unsigned long long tag = 0;
+    int consumed = 0;
+    if (std::sscanf(entry->d_name, "kolo-%d-%16llx%n", &pid, &tag, &consumed) != 2 ||
+        entry->d_name[consumed] != '\0' || pid <= 0) {
+      continue;
+    }
+    const std::string path = std::string("/dev/shm/") + entry->d_name;
+    struct stat info {};
+    if (stat(path.c_str(), &info) != 0 || now - info.st_mtime < min_age.count()) continue;
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // creator alive (or not ours to judge)
+    if (shm_unlink((std::string("/") + entry->d_name).c_str()) == 0) ++removed;
+  }
+  closedir(dir);
+  return removed;
 }
 
 void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {

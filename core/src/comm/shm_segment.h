@@ -50,6 +50,12 @@ class ShmSegment {
 // A name no other segment on this host uses: "/kolo-<pid>-<random hex>".
 std::string unique_segment_name();
 
+// Unlinks segments named by unique_segment_name() whose creating process is
+// gone and that are older than `min_age`: leftovers of jobs killed during a
+// rendezvous (the only window in which a segment has a name). Returns how many
+// it removed. Best effort: never throws.
+int remove_stale_segments(std::chrono::seconds min_age);
+
 // Blocks while *word == expected, at most `timeout` (process-shared futex, so
 // `word` may live in a segment mapped at different addresses by the waiters).
 // Returns early on a wake, a signal or a value change; callers re-check.
