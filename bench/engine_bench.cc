@@ -168,38 +168,43 @@ struct Row {
   double collectives_per_step = 0;  // engine modes only
 };
 
-// Median step time (slowest rank) of `workload` on a fresh engine.
-Row measure_engine(Engine& engine, Communicator& world, const std::string& mode, Workload& w,
-                   const EngineBenchOptions& options) {
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Median step time (slowest rank) of `workload` on a fresh engine (checked
+// before and after), and the communicator calls one step made.
+std::pair<double, double> measure_engine(Runtime& runtime, const std::string& name,
+                                         const EngineOptions& engine_options, Workload& w,
+                                         const EngineBenchOptions& options) {
+  Communicator& world = runtime.world();
+  auto engine = make_engine(runtime, name, engine_options);
   std::vector<Handle> handles;
-  check_step(engine, w, world.rank(), world.size(), handles);
-  const Engine::Stats before = engine.stats();
-  run_step(engine, w, handles);
-  const Engine::Stats after = engine.stats();
+  check_step(*engine, w, world.rank(), world.size(), handles);
+  const Engine::Stats before = engine->stats();
+  run_step(*engine, w, handles);
+  const Engine::Stats after = engine->stats();
 
   TimingOptions timing = options.timing;
   timing.rep_ms = 0;  // one step per repetition
   const double time_us = time_collective_us(
-      world, [&] { run_step(engine, w, handles); }, timing);
-  check_step(engine, w, world.rank(), world.size(), handles);  // still right after the runs
-  return {w.name,         mode,
-          w.views.size(), w.total_floats * sizeof(float),
-          time_us,        static_cast<double>(after.collectives - before.collectives)};
+      world, [&] { run_step(*engine, w, handles); }, timing);
+  check_step(*engine, w, world.rank(), world.size(), handles);  // still right after the runs
+  return {time_us, static_cast<double>(after.collectives - before.collectives)};
 }
 
 // The floor: one allreduce (average, in place) of the workload's total bytes.
-Row measure_single_buffer(Communicator& world, const Workload& w,
-                          const EngineBenchOptions& options) {
-  std::vector<float> buffer(w.total_floats, 1.0f);
+double measure_single_buffer(Communicator& world, std::vector<float>& buffer,
+                             const EngineBenchOptions& options) {
   AllreduceOptions average;
   average.op = ReduceOp::kAverage;
   TimingOptions timing = options.timing;
   timing.rep_ms = 0;
-  const double time_us = time_collective_us(
+  return time_collective_us(
       world,
       [&] { world.allreduce(buffer.data(), buffer.data(), buffer.size(), DType::kF32, average); },
       timing);
-  return {w.name, "single_buffer", 1, w.total_floats * sizeof(float), time_us, 1};
 }
 
 }  // namespace
@@ -216,39 +221,55 @@ int run_engine_bench(const EngineBenchOptions& options) {
   for (const std::string& name : options.workloads)
     workloads.push_back(make_workload(name, options));
 
-  // Order matters on a small machine: an engine thread that is alive but idle
-  // still negotiates every millisecond, so each measurement runs with no other
-  // engine alive. First the floor and the unfused engines (built and destroyed
-  // here), then the runtime's own engine (created on first use, alive until
-  // shutdown) with fusion on.
-  std::vector<Row> rows;
-  for (Workload& w : workloads) rows.push_back(measure_single_buffer(world, w, options));
-
-  // The runtime engine's settings come from the configuration
-  // (KOLO_CYCLE_TIME_MS, KOLO_FUSION_THRESHOLD_BYTES...); the unfused engine
-  // copies them with the threshold at 0 and never autotunes or traces.
-  EngineOptions unfused = EngineOptions::from_config(runtime.config());
-  unfused.timeline_path.clear();
-  unfused.autotune = false;
+  // Engines under test: the configured settings (KOLO_CYCLE_TIME_MS,
+  // KOLO_FUSION_THRESHOLD_BYTES...: what kolo::runtime().engine() would use),
+  // and the same with fusion off; timed runs never autotune or trace.
+  EngineOptions fused = EngineOptions::from_config(runtime.config());
+  fused.timeline_path.clear();
+  fused.autotune = false;
+  EngineOptions unfused = fused;
   unfused.fusion_threshold_bytes = 0;
-  for (Workload& w : workloads) {
-    auto engine = make_engine(runtime, w.name + "/unfused", unfused);
-    rows.push_back(measure_engine(*engine, world, "unfused", w, options));
-  }
 
-  Engine& engine = runtime.engine();
-  const int64_t threshold = engine.fusion_threshold_bytes();
-  const double cycle_time_ms = engine.cycle_time_ms();
-  for (Workload& w : workloads) rows.push_back(measure_engine(engine, world, "fused", w, options));
-
-  // Table order: per workload, fused, unfused, single buffer.
-  auto rank_of = [&](const Row& r) {
-    const auto at = std::find(options.workloads.begin(), options.workloads.end(), r.workload);
-    const int mode = r.mode == "fused" ? 0 : r.mode == "unfused" ? 1 : 2;
-    return static_cast<int>(at - options.workloads.begin()) * 3 + mode;
+  // The three modes take turns, round after round, and each mode's result is
+  // the median of its rounds: a burst of load from other processes then hits
+  // every mode alike instead of one. Only one engine is alive at a time (an
+  // idle engine thread still negotiates every millisecond), so the engines are
+  // the bench's own, built and destroyed per round rather than the runtime's
+  // long-lived one.
+  struct Samples {
+    std::vector<double> fused_us, unfused_us, single_us;
+    double fused_collectives = 0, unfused_collectives = 0;
   };
-  std::stable_sort(rows.begin(), rows.end(),
-                   [&](const Row& a, const Row& b) { return rank_of(a) < rank_of(b); });
+  std::vector<Samples> samples(workloads.size());
+  for (int round = 0; round < options.rounds; ++round) {
+    for (size_t i = 0; i < workloads.size(); ++i) {
+      Workload& w = workloads[i];
+      const std::string tag = w.name + "/" + std::to_string(round);
+      {
+        std::vector<float> buffer(w.total_floats, 1.0f);
+        samples[i].single_us.push_back(measure_single_buffer(world, buffer, options));
+      }
+      auto [unfused_us, unfused_calls] =
+          measure_engine(runtime, tag + "/unfused", unfused, w, options);
+      samples[i].unfused_us.push_back(unfused_us);
+      samples[i].unfused_collectives = unfused_calls;
+      auto [fused_us, fused_calls] = measure_engine(runtime, tag + "/fused", fused, w, options);
+      samples[i].fused_us.push_back(fused_us);
+      samples[i].fused_collectives = fused_calls;
+    }
+  }
+  std::vector<Row> rows;
+  for (size_t i = 0; i < workloads.size(); ++i) {
+    const Workload& w = workloads[i];
+    const size_t bytes = w.total_floats * sizeof(float);
+    rows.push_back({w.name, "fused", w.views.size(), bytes, median(samples[i].fused_us),
+                    samples[i].fused_collectives});
+    rows.push_back({w.name, "unfused", w.views.size(), bytes, median(samples[i].unfused_us),
+                    samples[i].unfused_collectives});
+    rows.push_back({w.name, "single_buffer", 1, bytes, median(samples[i].single_us), 1});
+  }
+  const int64_t threshold = fused.fusion_threshold_bytes;
+  const double cycle_time_ms = fused.cycle_time_ms;
 
   // A timeline of a few untimed fused steps, recorded by rank 0.
   if (!options.timeline_path.empty()) {
@@ -330,11 +351,11 @@ int run_engine_bench(const EngineBenchOptions& options) {
   }
   if (!options.docs_path.empty()) {
     std::string body = "Command: `" + options.command_line + "` (" + std::to_string(n) +
-                       " ranks, " + backend + "; median of " +
-                       std::to_string(options.timing.repeats) + " steps after " +
-                       std::to_string(options.timing.warmup) +
-                       " warm-up steps; slowest rank counts; each engine mode checks its "
-                       "averages before and after timing)\n\n" +
+                       " ranks, " + backend + "; median of " + std::to_string(options.rounds) +
+                       " rounds, each the median of " + std::to_string(options.timing.repeats) +
+                       " steps after " + std::to_string(options.timing.warmup) +
+                       " warm-up steps, the modes taking turns; slowest rank counts; each engine "
+                       "checks its averages before and after timing)\n\n" +
                        "The ResNet-50-like set is its 161 parameter tensors (25,557,032 f32) "
                        "submitted in reverse order, as backward produces them; the small set is " +
                        std::to_string(options.small_tensors) + " tensors of " +

@@ -26,7 +26,8 @@ struct EngineBenchOptions {
   // workload with fusion on, after the measurements.
   std::string timeline_path;
   int timeline_steps = 3;
-  TimingOptions timing;  // rep_ms is ignored: one step per repetition
+  TimingOptions timing;  // per round; rep_ms is ignored: one step per repetition
+  int rounds = 3;        // the modes take turns this many times; the median round counts
 };
 
 // Runs inside a worker started by kolorun or mpirun (calls kolo::init itself).

@@ -72,9 +72,12 @@ int main(int argc, char** argv) {
   engine_sub->add_option("--timeline-steps", engine.timeline_steps,
                          "steps of each workload in the timeline")
       ->check(CLI::PositiveNumber);
-  engine_sub->add_option("--repeats", engine.timing.repeats, "timed steps (median)")
+  engine_sub->add_option("--repeats", engine.timing.repeats, "timed steps per round (median)")
       ->check(CLI::PositiveNumber);
-  engine_sub->add_option("--warmup", engine.timing.warmup, "untimed steps first")
+  engine_sub->add_option("--rounds", engine.rounds,
+                         "rounds in which the modes take turns (median round)")
+      ->check(CLI::PositiveNumber);
+  engine_sub->add_option("--warmup", engine.timing.warmup, "untimed steps per round first")
       ->check(CLI::NonNegativeNumber);
 
 #ifdef KOLO_BENCH_HAVE_SCALING
