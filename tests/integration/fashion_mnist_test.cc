@@ -73,6 +73,7 @@ TEST_F(FashionMnistExample, TrainsOnTwoWorkersThroughKolorunAndResumes) {
   EXPECT_NE(r.out.find("32/32 ["), std::string::npos) << r.out;  // ceil(1000 / 32) steps
   EXPECT_NE(r.out.find("ms/step - loss: "), std::string::npos) << r.out;
   EXPECT_EQ(values_after(r.out, "Epoch time").size(), 1u) << r.out;
+  EXPECT_NE(r.out.find("| epoch | epoch time (s) | images/sec |"), std::string::npos) << r.out;
   const auto images_per_s = values_after(r.out, "Images/sec");
   ASSERT_EQ(images_per_s.size(), 1u) << r.out;
   EXPECT_GT(images_per_s[0], 0);
