@@ -31,7 +31,6 @@
 
 #include "fashion_mnist_data.h"
 #include "kolo/torch.h"
-#include "kolo/torch/optimizer.h"
 
 namespace {
 

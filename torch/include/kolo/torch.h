@@ -4,6 +4,7 @@
 //   kolo::broadcast_parameters(*model, /*root=*/0);     // kolo/torch/broadcast.h
 //   kolo::DistributedSampler sampler(n, {});            // kolo/torch/sampler.h
 //   double loss = kolo::metric_average(local, "loss");  // kolo/torch/metrics.h
+//   kolo::DistributedOptimizer opt(adam, model->named_parameters());  // kolo/torch/optimizer.h
 //
 // See docs/torch.md. Each header can also be included on its own (they are
 // lighter than <torch/torch.h>).
@@ -15,5 +16,6 @@
 #include "kolo/torch/checkpoint.h"
 #include "kolo/torch/lr.h"
 #include "kolo/torch/metrics.h"
+#include "kolo/torch/optimizer.h"
 #include "kolo/torch/sampler.h"
 #include "kolo/torch/tensor.h"
