@@ -1,11 +1,8 @@
 // The two models of `kolo-bench scaling`, written once for every system the
 // benchmark runs (kolo, independent, plain libtorch, c10d Gloo).
 //
-// The CNN is the seed's Keras model, layer for layer the same as
-// examples/fashion_mnist/main.cc (which defines it inside its program, so it
-// cannot be included from here; keep the two in step):
-//   Conv2D(32, 3x3, ReLU) -> Conv2D(64, 3x3, ReLU) -> MaxPool(2x2) -> Dropout(0.25)
-//   -> Flatten -> Dense(128, ReLU) -> Dropout(0.5) -> Dense(10)      (1.2 M parameters)
+// The CNN is the seed's Keras model from examples/fashion_mnist/model.h, the
+// very class the example trains (1.2 M parameters).
 // The MLP 784-4096-4096-10 (20.8 M parameters) is the communication-heavy one.
 #pragma once
 
@@ -15,30 +12,11 @@
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 
+#include "model.h"  // examples/fashion_mnist
+
 namespace kolo::bench {
 
-struct ScalingCnnImpl : torch::nn::Module {
-  ScalingCnnImpl()
-      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3)))),
-        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3)))),
-        fc1(register_module("fc1", torch::nn::Linear(64 * 12 * 12, 128))),
-        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
-
-  torch::Tensor forward(torch::Tensor x) {  // (B, 1, 28, 28) in [0, 1]
-    x = torch::relu(conv1(x));              // (B, 32, 26, 26)
-    x = torch::relu(conv2(x));              // (B, 64, 24, 24)
-    x = torch::max_pool2d(x, 2);            // (B, 64, 12, 12)
-    x = torch::dropout(x, 0.25, is_training());
-    x = x.flatten(1);         // (B, 9216)
-    x = torch::relu(fc1(x));  // (B, 128)
-    x = torch::dropout(x, 0.5, is_training());
-    return fc2(x);  // (B, 10) logits
-  }
-
-  torch::nn::Conv2d conv1, conv2;
-  torch::nn::Linear fc1, fc2;
-};
-TORCH_MODULE(ScalingCnn);
+using ScalingCnn = fashion_mnist::Cnn;
 
 struct ScalingMlpImpl : torch::nn::Module {
   ScalingMlpImpl()

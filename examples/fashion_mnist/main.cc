@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "fashion_mnist_data.h"
+#include "model.h"
 #include "kolo/torch.h"
 
 namespace {
@@ -79,34 +80,11 @@ void keep_freed_memory() {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);   // never shrink the heap by less than 1 GiB
 }
 
-// --- The model: the seed's Keras CNN -----------------------------------------
+// --- The model: the seed's Keras CNN (model.h) --------------------------------
 //
 //   Conv2D(32, 3x3, ReLU) -> Conv2D(64, 3x3, ReLU) -> MaxPool(2x2) -> Dropout(0.25)
 //   -> Flatten -> Dense(128, ReLU) -> Dropout(0.5) -> Dense(10)
-//
-// 1.2 M parameters, almost all of them in fc1 (9216 x 128).
-struct CnnImpl : torch::nn::Module {
-  CnnImpl()
-      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 32, 3)))),
-        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3)))),
-        fc1(register_module("fc1", torch::nn::Linear(64 * 12 * 12, 128))),
-        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
-
-  torch::Tensor forward(torch::Tensor x) {  // (B, 1, 28, 28) in [0, 1]
-    x = torch::relu(conv1(x));              // (B, 32, 26, 26)
-    x = torch::relu(conv2(x));              // (B, 64, 24, 24)
-    x = torch::max_pool2d(x, 2);            // (B, 64, 12, 12)
-    x = torch::dropout(x, 0.25, is_training());
-    x = x.flatten(1);         // (B, 9216)
-    x = torch::relu(fc1(x));  // (B, 128)
-    x = torch::dropout(x, 0.5, is_training());
-    return fc2(x);  // (B, 10) logits; the loss applies softmax
-  }
-
-  torch::nn::Conv2d conv1, conv2;
-  torch::nn::Linear fc1, fc2;
-};
-TORCH_MODULE(Cnn);
+using fashion_mnist::Cnn;
 
 // A batch of images as the model wants them: (B, 1, 28, 28) float in [0, 1].
 torch::Tensor as_input(const torch::Tensor& images_u8) {
