@@ -2,6 +2,8 @@
 // sleeping): it settles on the best (threshold, cycle time), is not fooled by
 // +-30% window noise or one outlier window, logs every trial, and only ever
 // hands out valid settings.
+#include "engine/autotune.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "engine/autotune.h"
 #include "kolo/core/errors.h"
 
 namespace kolo::detail {

@@ -1,6 +1,8 @@
 // Timeline: the Chrome-trace file parses and holds the recorded phases, rows
 // and markers, after flush() alone (a process that dies without running
 // destructors) and after destruction.
+#include "engine/timeline.h"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,7 +17,6 @@
 #include <thread>
 #include <vector>
 
-#include "engine/timeline.h"
 #include "kolo/core/errors.h"
 
 namespace kolo::detail {

@@ -23,11 +23,11 @@
 namespace kolo::detail {
 
 enum class TimelinePhase : uint8_t {
-  kNegotiate,            // submitted here, not yet ready on every rank
-  kWaitForOtherRanks,    // (within negotiate) ready here, waiting on others
-  kQueue,                // agreed, waiting for its fused batch to start
+  kNegotiate,          // submitted here, not yet ready on every rank
+  kWaitForOtherRanks,  // (within negotiate) ready here, waiting on others
+  kQueue,              // agreed, waiting for its fused batch to start
   kMemcpyInFusionBuffer,
-  kCollective,           // the communicator call; named after the op (ALLREDUCE...)
+  kCollective,  // the communicator call; named after the op (ALLREDUCE...)
   kMemcpyOutFusionBuffer,
 };
 const char* timeline_phase_name(TimelinePhase phase);
