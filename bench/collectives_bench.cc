@@ -154,7 +154,8 @@ int run_collectives(const CollectivesOptions& options) {
   }
 
   // Peers, f32 sum allreduce only.
-  double memcpy_gbps = 0;
+  double memcpy_gbps = 0;      // one rank copying alone
+  double memcpy_all_gbps = 0;  // every rank copying at once, summed
   if (options.baselines &&
       std::find(options.ops.begin(), options.ops.end(), "allreduce") != options.ops.end()) {
     std::vector<std::pair<std::string, std::function<std::unique_ptr<RawAllreduce>(size_t)>>>
@@ -172,9 +173,13 @@ int run_collectives(const CollectivesOptions& options) {
                                                           options.timing)});
       }
     }
-    // Memory bandwidth: one rank copying alone (others wait at the barrier).
+    // Memory bandwidth: one rank copying alone (others wait at the barrier),
+    // then every rank copying at once; their sum is what the ranks of an
+    // allreduce share, so it sets the bound below.
     if (root) memcpy_gbps = memcpy_bandwidth_gbps(size_t{64} << 20);
     world.barrier({});
+    memcpy_all_gbps = memcpy_bandwidth_gbps(size_t{64} << 20);
+    world.allreduce(&memcpy_all_gbps, &memcpy_all_gbps, 1, DType::kF64, {});
   }
 
   if (!root) {
@@ -233,18 +238,21 @@ int run_collectives(const CollectivesOptions& options) {
   };
   const size_t big = size_t{64} << 20, small = 4096;
   std::vector<std::string> summary;
-  if (memcpy_gbps > 0)
-    summary.push_back("memcpy (1 thread, 64 MiB, read+write counted): " +
-                      format_fixed(memcpy_gbps, 1) + " GB/s");
+  if (memcpy_gbps > 0) {
+    summary.push_back("memcpy (64 MiB, read+write counted): 1 thread " +
+                      format_fixed(memcpy_gbps, 1) + " GB/s; all " + std::to_string(n) +
+                      " ranks at once " + format_fixed(memcpy_all_gbps, 1) + " GB/s in sum");
+  }
   const double shm_big = lookup("shm", big), shm_small = lookup("shm", small);
   if (shm_big > 0) {
     const double shm_algbw = big / (shm_big * 1e-6) / 1e9;
     std::string line = "shm allreduce 64 MiB: algbw " + format_fixed(shm_algbw, 2) + " GB/s";
-    if (memcpy_gbps > 0) {
+    if (memcpy_all_gbps > 0) {
       // Each rank must at least read its input and write its output once (2 S of
       // DRAM traffic); n ranks share the memory system, so the bound is
-      // algbw <= B / (2 n) with B the copy bandwidth counted read + write.
-      const double bound = memcpy_gbps / (2.0 * n);
+      // algbw <= B / (2 n) with B the summed copy bandwidth of all ranks copying
+      // at once, counted read + write.
+      const double bound = memcpy_all_gbps / (2.0 * n);
       line += ", " + format_fixed(100.0 * shm_algbw / bound, 0) +
               "% of the memory bound B/(2n) = " + format_fixed(bound, 2) + " GB/s";
     }
