@@ -837,23 +837,6 @@ class GlooCommunicator : public Communicator {
 
   // ---- Calls -------------------------------------------------------------------
 
-  static CallSignature plain_signature(CollectiveKind kind, uint64_t count, DType dtype) {
-    CallSignature sig;
-    sig.kind = kind;
-    sig.count = count;
-    sig.dtype = dtype;
-    return sig;
-  }
-
-  static CallSignature reduce_signature(CollectiveKind kind, size_t count, DType dtype,
-                                        const AllreduceOptions& options) {
-    CallSignature sig = plain_signature(kind, count, dtype);
-    sig.op = options.op;
-    sig.prescale = options.prescale;
-    sig.postscale = options.postscale;
-    return sig;
-  }
-
   // Slots keep the messages of different calls and phases apart.
   static uint64_t slot(uint64_t sequence, int phase) { return (sequence << 8) | phase; }
 

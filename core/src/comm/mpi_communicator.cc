@@ -533,23 +533,6 @@ class MpiCommunicator : public Communicator {
   }
 
  private:
-  static CallSignature plain_signature(CollectiveKind kind, uint64_t count, DType dtype) {
-    CallSignature sig;
-    sig.kind = kind;
-    sig.count = count;
-    sig.dtype = dtype;
-    return sig;
-  }
-
-  static CallSignature reduce_signature(CollectiveKind kind, size_t count, DType dtype,
-                                        const AllreduceOptions& options) {
-    CallSignature sig = plain_signature(kind, count, dtype);
-    sig.op = options.op;
-    sig.prescale = options.prescale;
-    sig.postscale = options.postscale;
-    return sig;
-  }
-
   // One collective: the cross-rank argument check, then `body`.
   template <typename Body>
   void run(CallSignature sig, milliseconds timeout, Body&& body) {

@@ -169,6 +169,23 @@ void check_signatures(const std::vector<CallSignature>& signatures) {
   }
 }
 
+CallSignature plain_signature(CollectiveKind kind, uint64_t count, DType dtype) {
+  CallSignature sig;
+  sig.kind = kind;
+  sig.count = count;
+  sig.dtype = dtype;
+  return sig;
+}
+
+CallSignature reduce_signature(CollectiveKind kind, uint64_t count, DType dtype,
+                               const AllreduceOptions& options) {
+  CallSignature sig = plain_signature(kind, count, dtype);
+  sig.op = options.op;
+  sig.prescale = options.prescale;
+  sig.postscale = options.postscale;
+  return sig;
+}
+
 void check_alltoallv_args(int size, const void* in, const std::vector<size_t>& send_counts,
                           const void* out, const std::vector<size_t>& recv_counts) {
   check_counts_arg(CollectiveKind::kAlltoallv, "send_counts", send_counts, size);

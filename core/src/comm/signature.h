@@ -37,6 +37,12 @@ struct CallSignature {
 };
 static_assert(sizeof(CallSignature) == 48, "CallSignature is exchanged as raw bytes");
 
+// Signature of a call without reduction arguments (sequence and root left 0).
+CallSignature plain_signature(CollectiveKind kind, uint64_t count, DType dtype);
+// Signature of an allreduce / reducescatter: adds op and scale factors.
+CallSignature reduce_signature(CollectiveKind kind, uint64_t count, DType dtype,
+                               const AllreduceOptions& options);
+
 // Hash of a counts vector, stable across ranks (for allgatherv / alltoallv).
 uint64_t hash_counts(const std::vector<size_t>& counts);
 

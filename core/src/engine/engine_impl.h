@@ -30,6 +30,19 @@
 
 namespace kolo {
 
+// The engine's own types, named unqualified by its .cc files (engine.cc,
+// engine_thread.cc, execute.cc), which all include this header.
+using detail::Controller;
+using detail::ControllerOptions;
+using detail::FusionBuffer;
+using detail::HandleState;
+using detail::Request;
+using detail::RequestInfo;
+using detail::RequestKind;
+using detail::Response;
+using detail::TimelinePhase;
+using Clock = std::chrono::steady_clock;
+
 namespace detail {
 // "[0, 2, 3]".
 std::string world_ranks_text(const std::vector<int>& ranks);

@@ -10,16 +10,6 @@
 
 namespace kolo {
 
-using detail::Controller;
-using detail::ControllerOptions;
-using detail::FusionBuffer;
-using detail::HandleState;
-using detail::Request;
-using detail::RequestInfo;
-using detail::RequestKind;
-using detail::Response;
-using detail::TimelinePhase;
-using Clock = std::chrono::steady_clock;
 using detail::world_ranks_text;
 
 namespace {

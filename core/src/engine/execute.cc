@@ -14,17 +14,6 @@
 
 namespace kolo {
 
-using detail::Controller;
-using detail::ControllerOptions;
-using detail::FusionBuffer;
-using detail::HandleState;
-using detail::Request;
-using detail::RequestInfo;
-using detail::RequestKind;
-using detail::Response;
-using detail::TimelinePhase;
-using Clock = std::chrono::steady_clock;
-
 namespace {
 
 // Requests larger than this run alone, directly on the caller's buffers,
