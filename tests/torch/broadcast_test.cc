@@ -32,14 +32,7 @@ using testing::run_with_engines;
 using testing::tensor_bytes;
 using testing::train_step;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const ContractError& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 // Gives every tensor of `net` values that depend on the rank.
 void scramble(Net& net, int rank) {

@@ -28,14 +28,7 @@ namespace {
 using testing::kTorchTimeout;
 using testing::run_with_engines;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const ContractError& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 // A fresh directory per test, removed afterwards.
 class TempDir {

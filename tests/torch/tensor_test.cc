@@ -18,14 +18,7 @@ using testing::kTorchTimeout;
 using testing::on;
 using testing::run_with_engines;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const ContractError& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 // --- The adapter (no engine) ------------------------------------------------
 

@@ -8,10 +8,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "kolo/core/communicator.h"
 #include "kolo/core/engine.h"
+#include "kolo/core/errors.h"
 #include "kolo/torch/tensor.h"
 #include "thread_ranks.h"
 
@@ -78,6 +80,16 @@ inline void run_with_engines(int n, const std::function<void(int rank, Engine& e
     std::unique_ptr<Engine> engine = engines.engine(rank);
     fn(rank, *engine);
   });
+}
+
+// The message of the ContractError that fn throws; "" when it throws none.
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ContractError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace kolo::testing

@@ -46,6 +46,7 @@
 #include <thread>
 
 #include "comm/backends.h"
+#include "comm/call_scratch.h"
 #include "comm/signature.h"
 #include "comm/staged_reduction.h"
 #include "kolo/core/config.h"
@@ -115,23 +116,6 @@ class SigpipeGuard {
   sigset_t pipe_;
   sigset_t old_mask_;
   bool was_pending_ = false;
-};
-
-class Deadline {
- public:
-  explicit Deadline(milliseconds timeout) : timeout_(timeout), end_(Clock::now() + timeout) {}
-  milliseconds timeout() const { return timeout_; }
-  // Time left, rounded up to whole milliseconds; zero once passed.
-  milliseconds remaining() const {
-    const auto left = end_ - Clock::now();
-    if (left <= Clock::duration::zero()) return milliseconds(0);
-    return std::chrono::ceil<milliseconds>(left);
-  }
-  bool passed() const { return Clock::now() >= end_; }
-
- private:
-  milliseconds timeout_;
-  Clock::time_point end_;
 };
 
 // A transport failure while talking to `peer`; becomes a RuntimeFault (or
@@ -410,22 +394,6 @@ void append_segments(std::vector<Segment>& out, const Blocks& blocks, size_t blo
   const size_t end = begin + blocks.length[block] * element_bytes;
   for (size_t at = begin; at < end; at += seg) out.push_back({at, std::min(seg, end - at), step});
 }
-
-// Grow-only aligned scratch memory, reused across calls.
-class Scratch {
- public:
-  uint8_t* get(size_t bytes) {
-    if (bytes > storage_.size() * sizeof(double)) {
-      storage_.clear();
-      storage_.shrink_to_fit();
-      storage_.resize((bytes + sizeof(double) - 1) / sizeof(double));
-    }
-    return reinterpret_cast<uint8_t*>(storage_.data());
-  }
-
- private:
-  std::vector<double> storage_;
-};
 
 // gloo's rendezvous store interface over a kolo Store, under a key prefix.
 class StoreAdapter : public gloo::rendezvous::Store {

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "comm/backends.h"
+#include "comm/call_scratch.h"
 #include "comm/signature.h"
 #include "comm/staged_reduction.h"
 #include "kolo/core/errors.h"
@@ -208,33 +209,6 @@ ReductionPlan mpi_plan(DType dtype, const AllreduceOptions& options) {
   }
   return plan;
 }
-
-class Deadline {
- public:
-  explicit Deadline(milliseconds timeout) : timeout_(timeout), end_(Clock::now() + timeout) {}
-  milliseconds timeout() const { return timeout_; }
-  bool passed(Clock::time_point now) const { return now >= end_; }
-
- private:
-  milliseconds timeout_;
-  Clock::time_point end_;
-};
-
-// Grow-only scratch memory, reused across calls.
-class Scratch {
- public:
-  uint8_t* get(size_t bytes) {
-    if (bytes > storage_.size() * sizeof(double)) {
-      storage_.clear();
-      storage_.shrink_to_fit();
-      storage_.resize((bytes + sizeof(double) - 1) / sizeof(double));
-    }
-    return reinterpret_cast<uint8_t*>(storage_.data());
-  }
-
- private:
-  std::vector<double> storage_;
-};
 
 std::vector<int> int_counts(const std::vector<size_t>& counts, const char* op,
                             const char* argument) {
