@@ -1,10 +1,17 @@
-// Backend dispatch for make_communicator().
+// Backend dispatch for make_communicator(), and Communicator's default members.
 #include "kolo/core/communicator.h"
 
 #include "comm/backends.h"
 #include "kolo/core/errors.h"
 
 namespace kolo {
+
+void Communicator::allreduce_segments(const std::vector<AllreduceSegment>&, DType,
+                                      const AllreduceOptions&) {
+  throw ContractError(std::string("kolo allreduce_segments: the ") + backend() +
+                      " backend has no native segmented allreduce (native_segments() is false); "
+                      "pack the segments into one buffer and call allreduce()");
+}
 
 std::vector<std::string> compiled_backends() {
   std::vector<std::string> names = {"shm"};

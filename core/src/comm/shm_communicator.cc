@@ -127,6 +127,62 @@ void copy_bytes(void* dst, const void* src, size_t bytes) {
   if (bytes != 0 && dst != src) std::memcpy(dst, src, bytes);
 }
 
+// The vector an allreduce works on: one contiguous buffer (allreduce) or the
+// concatenation of allreduce_segments' segments. The algorithms address it by
+// element ranges, which map to pieces of the segments, so they copy straight
+// between the segments and the shared memory with no staging buffer.
+class SegmentedVector {
+ public:
+  // `segments` (n of them) must outlive this object; `starts` is scratch
+  // reused across calls (prefix sums of the counts, n + 1 entries).
+  SegmentedVector(const AllreduceSegment* segments, size_t n, size_t esize,
+                  std::vector<size_t>& starts)
+      : segments_(segments), esize_(esize), starts_(starts) {
+    starts_.resize(n + 1);
+    starts_[0] = 0;
+    for (size_t i = 0; i < n; ++i) starts_[i + 1] = starts_[i] + segments[i].count;
+  }
+  size_t count() const { return starts_.back(); }
+
+  // Calls piece(in, out, at, len) for the consecutive pieces of elements
+  // [lo, lo + len): `in` and `out` point at element lo + at of the vector in
+  // its segment's input and output; pieces never cross a segment boundary.
+  template <typename Piece>
+  void for_each(size_t lo, size_t len, Piece piece) const {
+    if (len == 0) return;
+    // The segment holding element lo: starts_[s] <= lo < starts_[s + 1]
+    // (empty segments never satisfy it).
+    size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), lo) -
+                                   starts_.begin()) - 1;
+    for (size_t at = 0; at < len; ++s) {
+      const size_t pos = lo + at;
+      const size_t take = std::min(len - at, starts_[s + 1] - pos);
+      if (take == 0) continue;
+      const size_t within = (pos - starts_[s]) * esize_;
+      piece(static_cast<const char*>(segments_[s].in) + within,
+            static_cast<char*>(segments_[s].out) + within, at, take);
+      at += take;
+    }
+  }
+  // dst (len elements) = input elements [lo, lo + len).
+  void gather(char* dst, size_t lo, size_t len) const {
+    for_each(lo, len, [&](const char* in, char*, size_t at, size_t n) {
+      copy_bytes(dst + at * esize_, in, n * esize_);
+    });
+  }
+  // Output elements [lo, lo + len) = src (len elements).
+  void scatter(const char* src, size_t lo, size_t len) const {
+    for_each(lo, len, [&](const char*, char* out, size_t at, size_t n) {
+      copy_bytes(out, src + at * esize_, n * esize_);
+    });
+  }
+
+ private:
+  const AllreduceSegment* segments_;
+  size_t esize_;
+  std::vector<size_t>& starts_;
+};
+
 struct Tuning {
   int spin_us;
   size_t slot_bytes;
@@ -179,6 +235,9 @@ class ShmCommunicator final : public Communicator {
 
   void allreduce(const void* in, void* out, size_t count, DType dtype,
                  const AllreduceOptions& options) override;
+  bool native_segments() const override { return true; }
+  void allreduce_segments(const std::vector<AllreduceSegment>& segments, DType dtype,
+                          const AllreduceOptions& options) override;
   void allgather(const void* in, void* out, size_t count, DType dtype,
                  const CollectiveOptions& options) override;
   void allgatherv(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
@@ -244,10 +303,14 @@ class ShmCommunicator final : public Communicator {
   void guarded(Body body);
 
   // --- algorithms ---
-  void allreduce_gather(const Call& call, const CallSignature& signature, const char* in, char* out,
-                        size_t count, DType dtype, const AllreduceOptions& options);
-  void allreduce_scatter(const Call& call, const CallSignature& signature, const char* in,
-                         char* out, size_t count, DType dtype, const AllreduceOptions& options);
+  // allreduce and allreduce_segments: `n` segments (null with n = 1 and
+  // count 0 after a local error).
+  void allreduce_vector(const AllreduceSegment* segments, size_t n, DType dtype,
+                        const AllreduceOptions& options);
+  void allreduce_gather(const Call& call, const CallSignature& signature, const SegmentedVector& v,
+                        DType dtype, const AllreduceOptions& options);
+  void allreduce_scatter(const Call& call, const CallSignature& signature,
+                         const SegmentedVector& v, DType dtype, const AllreduceOptions& options);
   void gather_blocks(const Call& call, const CallSignature& signature, const char* in, char* out,
                      const std::vector<size_t>& block_bytes, bool in_place);
 
@@ -266,6 +329,7 @@ class ShmCommunicator final : public Communicator {
   std::string broken_reason_;
   std::vector<CallSignature> signatures_;  // scratch for check_signatures
   std::vector<const void*> inputs_;        // scratch for reduce_inputs
+  std::vector<size_t> segment_starts_;     // scratch for SegmentedVector
 };
 
 // ----------------------------------------------------------------------------
@@ -640,27 +704,47 @@ CallSignature make_signature(CollectiveKind kind, uint64_t sequence, uint64_t co
 
 void ShmCommunicator::allreduce(const void* in, void* out, size_t count, DType dtype,
                                 const AllreduceOptions& options) {
+  const AllreduceSegment whole{in, out, count};
+  allreduce_vector(&whole, 1, dtype, options);
+}
+
+void ShmCommunicator::allreduce_segments(const std::vector<AllreduceSegment>& segments,
+                                         DType dtype, const AllreduceOptions& options) {
+  allreduce_vector(segments.data(), segments.size(), dtype, options);
+}
+
+void ShmCommunicator::allreduce_vector(const AllreduceSegment* segments, size_t n, DType dtype,
+                                       const AllreduceOptions& options) {
   guarded([&] {
     Call call = open_call(CollectiveKind::kAllreduce, options.timeout);
+    size_t count = 0;
+    for (size_t i = 0; i < n; ++i) count += segments[i].count;
     call.local_error = local_error([&] {
-      check_local_args(CollectiveKind::kAllreduce, size_, in, out, count, &options, 0);
+      for (size_t i = 0; i < n; ++i) {
+        check_local_args(CollectiveKind::kAllreduce, size_, segments[i].in, segments[i].out,
+                         segments[i].count, &options, 0);
+      }
+      if (n == 0) check_local_args(CollectiveKind::kAllreduce, size_, nullptr, nullptr, 0, &options, 0);
       dtype_size(dtype);
     });
     CallSignature signature = make_signature(CollectiveKind::kAllreduce, calls_, count, dtype);
     signature.op = options.op;
     signature.prescale = options.prescale;
     signature.postscale = options.postscale;
-    const char* src = static_cast<const char*>(in);
-    char* dst = static_cast<char*>(out);
-    const size_t esize = call.local_error.empty() ? dtype_size(dtype) : 1;
+    // After a local error this rank moves no data (an empty vector) but still
+    // takes part in the first step, which reports the error on every rank.
+    const bool ok = call.local_error.empty();
+    const AllreduceSegment none{};
+    const SegmentedVector v(ok ? segments : &none, ok ? n : 1, ok ? dtype_size(dtype) : 1,
+                            segment_starts_);
     // Small calls: every rank reduces all slots itself, one sync per chunk.
     // From kScatterMinBytes on, reduce-scatter + allgather moves less data
     // (measured on 2 ranks: +15% at 192 KiB, +25% at 64 MiB; -20% at 64 KiB).
-    const bool scatter = call.local_error.empty() && size_ > 1 && count * esize >= kScatterMinBytes;
+    const bool scatter = ok && size_ > 1 && count * dtype_size(dtype) >= kScatterMinBytes;
     if (scatter) {
-      allreduce_scatter(call, signature, src, dst, count, dtype, options);
+      allreduce_scatter(call, signature, v, dtype, options);
     } else {
-      allreduce_gather(call, signature, src, dst, count, dtype, options);
+      allreduce_gather(call, signature, v, dtype, options);
     }
   });
 }
@@ -668,21 +752,24 @@ void ShmCommunicator::allreduce(const void* in, void* out, size_t count, DType d
 // Each step: copy a chunk into this rank's slot, sync, reduce all slots (rank
 // order) into the output.
 void ShmCommunicator::allreduce_gather(const Call& call, const CallSignature& signature,
-                                       const char* in, char* out, size_t count, DType dtype,
+                                       const SegmentedVector& v, DType dtype,
                                        const AllreduceOptions& options) {
+  const size_t count = v.count();
   const size_t esize = call.local_error.empty() ? dtype_size(dtype) : 1;
   const size_t chunk = slot_bytes_ / esize;
   const size_t steps = std::max<size_t>(1, ceil_div(count, chunk));
   for (size_t s = 0; s < steps; ++s) {
     const int b = next_buffer();
     const size_t offset = s * chunk;
-    const size_t m = call.local_error.empty() ? std::min(chunk, count - offset) : 0;
+    const size_t m = std::min(chunk, count - offset);
     if (s == 0) publish(call, signature, b);
-    copy_bytes(slot(rank_, b), in + offset * esize, m * esize);
+    v.gather(slot(rank_, b), offset, m);
     sync(call);
     if (s == 0) verify(call, b);
-    for (int k = 0; k < size_; ++k) inputs_[k] = slot(k, b);
-    reduce_inputs(out + offset * esize, inputs_.data(), size_, m, dtype, options, size_);
+    v.for_each(offset, m, [&](const char*, char* out, size_t at, size_t len) {
+      for (int k = 0; k < size_; ++k) inputs_[k] = slot(k, b) + at * esize;
+      reduce_inputs(out, inputs_.data(), size_, len, dtype, options, size_);
+    });
   }
 }
 
@@ -695,14 +782,15 @@ void ShmCommunicator::allreduce_gather(const Call& call, const CallSignature& si
 // chunk this moves (n-1)/n of it into the segment and reads 1/n + (n-1)/n of it
 // from the peers, instead of the whole chunk n times.
 void ShmCommunicator::allreduce_scatter(const Call& call, const CallSignature& signature,
-                                        const char* in, char* out, size_t count, DType dtype,
+                                        const SegmentedVector& v, DType dtype,
                                         const AllreduceOptions& options) {
+  const size_t count = v.count();
   const size_t esize = dtype_size(dtype);
   const size_t n = static_cast<size_t>(size_);
   const size_t piece = slot_bytes_ / esize / n;  // elements each rank reduces per step
   const size_t chunk = piece * n;
   const size_t steps = ceil_div(count, chunk);
-  // Bytes [lo, hi) of piece j within a chunk of m elements.
+  // Elements [lo, lo + len) of piece j within a chunk of m elements.
   auto piece_range = [&](size_t j, size_t m, size_t* lo, size_t* len) {
     *lo = std::min(m, j * piece);
     *len = std::min(m, *lo + piece) - *lo;
@@ -717,9 +805,7 @@ void ShmCommunicator::allreduce_scatter(const Call& call, const CallSignature& s
     for (size_t j = 0; j < n; ++j) {
       size_t lo, len;
       piece_range(j, m, &lo, &len);
-      if (j != static_cast<size_t>(rank_)) {
-        copy_bytes(slot(rank_, b) + lo * esize, in + (offset + lo) * esize, len * esize);
-      }
+      if (j != static_cast<size_t>(rank_)) v.gather(slot(rank_, b) + lo * esize, offset + lo, len);
     }
     sync(call);
     if (s == 0) verify(call, b);
@@ -727,19 +813,18 @@ void ShmCommunicator::allreduce_scatter(const Call& call, const CallSignature& s
       size_t lo, len;
       piece_range(j, previous_m, &lo, &len);
       if (j != static_cast<size_t>(rank_)) {
-        copy_bytes(out + (previous_offset + lo) * esize, result(b ^ 1) + lo * esize, len * esize);
+        v.scatter(result(b ^ 1) + lo * esize, previous_offset + lo, len);
       }
     }
     size_t lo, len;
     piece_range(rank_, m, &lo, &len);
-    if (len > 0) {
-      for (int k = 0; k < size_; ++k) {
-        inputs_[k] = k == rank_ ? in + (offset + lo) * esize : slot(k, b) + lo * esize;
+    v.for_each(offset + lo, len, [&](const char* in, char* out, size_t at, size_t k) {
+      for (int r = 0; r < size_; ++r) {
+        inputs_[r] = r == rank_ ? in : slot(r, b) + (lo + at) * esize;
       }
-      char* mine = out + (offset + lo) * esize;
-      reduce_inputs(mine, inputs_.data(), size_, len, dtype, options, size_);
-      copy_bytes(result(b) + lo * esize, mine, len * esize);
-    }
+      reduce_inputs(out, inputs_.data(), size_, k, dtype, options, size_);
+      copy_bytes(result(b) + (lo + at) * esize, out, k * esize);
+    });
     previous_offset = offset;
     previous_m = m;
   }

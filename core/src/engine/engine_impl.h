@@ -77,6 +77,9 @@ struct Engine::Impl {
   void run_set(SetState& set, detail::Controller::Outcome& outcome);
   void execute(SetState& set, std::vector<const detail::Response*>& data);
   void run_allreduce(SetState& set, const std::vector<const detail::Response*>& batch);
+  void run_allreduce_segments(SetState& set, const std::vector<const detail::Response*>& batch,
+                              const std::vector<detail::Request*>& reqs,
+                              const AllreduceOptions& o);
   void run_allgather(SetState& set, const std::vector<const detail::Response*>& batch);
   void run_broadcast(SetState& set, const std::vector<const detail::Response*>& batch);
   void run_reducescatter(SetState& set, const detail::Response& r);
@@ -130,6 +133,7 @@ struct Engine::Impl {
   detail::FusionBuffer fusion_out;  // fused allgather results
   detail::FusionBuffer scratch;     // neutral inputs and discarded outputs of joined ranks
   detail::FusionBuffer scratch_out;
+  std::vector<AllreduceSegment> segments;  // a fused allreduce's tensors (native segments)
   uint64_t cycle_bytes = 0;
   std::vector<std::shared_ptr<detail::HandleState>> to_wake;  // finished, waiters not yet woken
   std::thread thread;

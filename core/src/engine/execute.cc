@@ -137,8 +137,12 @@ void Engine::Impl::execute(SetState& set, std::vector<const Response*>& data) {
         break;
     }
     // Packing costs two extra copies of the tensor; above this size they cost
-    // more than the collective's fixed latency that fusion saves.
-    if (bytes > kMaxFusedTensorBytes) fusable = false;
+    // more than the collective's fixed latency that fusion saves. A native
+    // segmented allreduce (shm) packs nothing, so there every allreduce fuses.
+    if (bytes > kMaxFusedTensorBytes &&
+        !(r->kind == RequestKind::kAllreduce && set.comm->native_segments())) {
+      fusable = false;
+    }
     if (fusable && threshold > 0) {
       auto it = open_batch.find(key);
       if (it != open_batch.end()) {
@@ -250,6 +254,10 @@ void Engine::Impl::run_allreduce(SetState& set, const std::vector<const Response
     total += static_cast<size_t>(r->elements());
     reqs.push_back(local(set, r->name));
   }
+  if (set.comm->native_segments()) {
+    run_allreduce_segments(set, batch, reqs, o);
+    return;
+  }
   uint8_t* buffer = fusion.get(total * esize);
   size_t offset = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -281,6 +289,45 @@ void Engine::Impl::run_allreduce(SetState& set, const std::vector<const Response
     phase_end(req, TimelinePhase::kMemcpyOutFusionBuffer);
     offset += bytes;
     finish(set, r->name, nullptr);
+  }
+}
+
+// A fused batch on a backend with a native segmented allreduce (shm): the
+// communicator reads every request's input and writes its output in place, so
+// the copy into its shared memory is the packing and no fusion buffer is
+// involved. Joined ranks' neutral inputs live in the scratch buffer.
+void Engine::Impl::run_allreduce_segments(SetState& set, const std::vector<const Response*>& batch,
+                                          const std::vector<Request*>& reqs,
+                                          const AllreduceOptions& o) {
+  const Response& first = *batch.front();
+  const size_t esize = dtype_size(first.dtype);
+  size_t neutral = 0;  // elements of the requests this rank does not have
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!reqs[i]) neutral += static_cast<size_t>(batch[i]->elements());
+  }
+  uint8_t* spare = neutral ? scratch.get(neutral * esize) : nullptr;
+  segments.clear();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const Response* r = batch[i];
+    Request* req = reqs[i];
+    const size_t count = static_cast<size_t>(r->elements());
+    if (req) {
+      segments.push_back({req->in.data, req->out.data, count});
+    } else {
+      fill_neutral(spare, count, r->dtype, r->op, r->prescale);
+      segments.push_back({spare, spare, count});
+      spare += count * esize;
+    }
+    phase_end(req, TimelinePhase::kQueue);
+    phase_begin(req, TimelinePhase::kCollective, "ALLREDUCE");
+  }
+  size_t total = 0;
+  for (const AllreduceSegment& segment : segments) total += segment.count;
+  set.comm->allreduce_segments(segments, first.dtype, o);
+  count_collective(total * esize);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    phase_end(reqs[i], TimelinePhase::kCollective);
+    finish(set, batch[i]->name, nullptr);
   }
 }
 

@@ -47,6 +47,15 @@ struct BroadcastOptions {
   std::chrono::milliseconds timeout{0};
 };
 
+// One buffer of a fused allreduce (Communicator::allreduce_segments):
+// `count` elements read from `in`, their reduction written to `out` (in ==
+// out: in place; otherwise they must not overlap, nor touch other segments).
+struct AllreduceSegment {
+  const void* in = nullptr;
+  void* out = nullptr;
+  size_t count = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -95,6 +104,20 @@ class Communicator {
                          const CollectiveOptions& options) = 0;
 
   virtual void barrier(const CollectiveOptions& options) = 0;
+
+  // Tensor fusion without a fusion buffer. allreduce_segments is one
+  // allreduce of the concatenation of `segments` (in list order): the same
+  // collective as allreduce() with count = the sum of the segments' counts,
+  // which is what is checked across ranks (ranks may cut the vector into
+  // segments differently). Each segment's input is read and its output written
+  // in place where it lies. Only backends whose native_segments() is true
+  // implement it: shm copies each segment straight into its shared memory and
+  // the results straight out of it, so the packing copy is the only one. The
+  // others throw ContractError; callers pack into one buffer and call
+  // allreduce() instead (the engine does, timing the copies in its timeline).
+  virtual bool native_segments() const { return false; }
+  virtual void allreduce_segments(const std::vector<AllreduceSegment>& segments, DType dtype,
+                                  const AllreduceOptions& options);
 };
 
 // How to build one communicator. Every member builds it with the same `prefix`
