@@ -242,7 +242,13 @@ class Driver {
     const std::vector<std::pair<std::string, std::string>> thread_env = {
         {"OMP_NUM_THREADS", threads},
         {"OPENBLAS_NUM_THREADS", threads},
-        {"MKL_NUM_THREADS", threads}};
+        {"MKL_NUM_THREADS", threads},
+        // The same allocator settings for every system (the example sets them
+        // with mallopt): glibc's dynamic mmap threshold otherwise hands large
+        // tensors back to the kernel each step, and page faults then dominate
+        // whichever system happens to trip it.
+        {"MALLOC_MMAP_THRESHOLD_", "33554432"},
+        {"MALLOC_TRIM_THRESHOLD_", "1073741824"}};
 
     std::vector<Command> commands;
     const std::string tag = config.model + "-" + config.system + "-" +
