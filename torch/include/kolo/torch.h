@@ -5,6 +5,7 @@
 //   kolo::DistributedSampler sampler(n, {});            // kolo/torch/sampler.h
 //   double loss = kolo::metric_average(local, "loss");  // kolo/torch/metrics.h
 //   kolo::DistributedOptimizer opt(adam, model->named_parameters());  // kolo/torch/optimizer.h
+//   kolo::ZeroOptimizer zero(adam, *model, {});         // kolo/torch/zero.h (sharded)
 //
 // See docs/torch.md. Each header can also be included on its own (they are
 // lighter than <torch/torch.h>).
@@ -19,3 +20,4 @@
 #include "kolo/torch/optimizer.h"
 #include "kolo/torch/sampler.h"
 #include "kolo/torch/tensor.h"
+#include "kolo/torch/zero.h"

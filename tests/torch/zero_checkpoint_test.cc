@@ -1,0 +1,180 @@
+// Sharded ZeRO checkpoints: a run saved at 4 workers resumes at 2 (sharded)
+// and at 1 (after consolidation) with the same losses as the uninterrupted
+// run, also across stages; a missing or corrupt shard is an error on every
+// rank naming the file and the rank.
+//
+// Losses are compared with rtol 1e-5 (float32; the world sizes sum the
+// gradients in different orders).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "kolo/torch/zero.h"
+#include "optimizer_harness.h"
+#include "torch_harness.h"
+#include "zero_harness.h"
+
+namespace kolo {
+namespace {
+
+namespace zt = zero_testing;
+using testing::run_with_engines;
+
+constexpr int kSteps = 6;
+constexpr int kSaveAfter = 3;  // steps before the checkpoint
+constexpr int64_t kRows = 12;  // per step, divisible by 4, 2 and 1
+
+std::string temp_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("kolo-zero-test-" + std::to_string(::getpid()) + "-" + name);
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+ZeroOptions options_for(int stage, Engine& engine) {
+  ZeroOptions o;
+  o.stage = stage;
+  o.engine = &engine;
+  o.timeout = testing::kTorchTimeout;
+  return o;
+}
+
+// Trains steps [first, last) at `world` workers; rank 0's record of the loss
+// of the whole step batch before each update (every rank computes it, so
+// that stage 3's gathers stay collective). Loads `load_dir` first and saves
+// into `save_dir` after the last step, when given.
+std::vector<double> train(const zt::ZeroNet& initial, const std::vector<zt::Batch>& batches,
+                          int world, int stage, int first, int last, const std::string& load_dir,
+                          const std::string& save_dir) {
+  std::vector<double> losses;
+  std::vector<std::shared_ptr<zt::ZeroNet>> models;
+  for (int r = 0; r < world; ++r) models.push_back(zt::copy_of(initial));
+  run_with_engines(world, [&](int rank, Engine& engine) {
+    zt::ZeroNet& model = *models[rank];
+    auto adam = zt::make_optimizer(zt::Kind::kAdam, model.parameters());
+    ZeroOptimizer zero(*adam, model, options_for(stage, engine));
+    if (!load_dir.empty()) {
+      const CheckpointState state = load_zero_checkpoint(load_dir, zero);
+      EXPECT_EQ(state.step, first);
+      EXPECT_EQ(state.extras.at("note"), "resume me");
+    }
+    for (int s = first; s < last; ++s) {
+      double whole;
+      {
+        torch::NoGradGuard no_grad;
+        whole = zt::loss_of(model, batches[s]).item<double>();
+      }
+      if (rank == 0) losses.push_back(whole);
+      zero.zero_grad();
+      zt::loss_of(model, batches[s].share(rank, world)).backward();
+      zero.step();
+    }
+    if (!save_dir.empty()) {
+      CheckpointState state;
+      state.step = last;
+      state.extras["note"] = "resume me";
+      save_zero_checkpoint(save_dir, zero, state);
+    }
+    optimizer_testing::finish(engine);
+  });
+  return losses;
+}
+
+void expect_same_losses(const std::vector<double>& actual, const std::vector<double>& expected,
+                        const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    EXPECT_NEAR(actual[i], expected[i], 1e-5 * std::abs(expected[i])) << what << " step " << i;
+  }
+}
+
+class ZeroCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    torch::set_num_threads(1);
+    torch::manual_seed(5);
+    batches_ = zt::make_batches(kSteps, kRows);
+  }
+  zt::ZeroNet initial_;
+  std::vector<zt::Batch> batches_;
+};
+
+TEST_F(ZeroCheckpoint, SavedAtFourResumesAtTwoAndConsolidatedAtOne) {
+  for (int stage : {2, 3}) {
+    const std::string what = "saved at stage " + std::to_string(stage);
+    const auto uninterrupted = train(initial_, batches_, 4, stage, 0, kSteps, "", "");
+    const std::string dir = temp_dir("four-" + std::to_string(stage));
+    const auto before = train(initial_, batches_, 4, stage, 0, kSaveAfter, "", dir);
+    expect_same_losses(before, {uninterrupted.begin(), uninterrupted.begin() + kSaveAfter}, what);
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_TRUE(std::filesystem::exists(dir + "/shard-" + std::to_string(r) + "-of-4.kolo"));
+    }
+    const std::vector<double> rest(uninterrupted.begin() + kSaveAfter, uninterrupted.end());
+    // Two workers, the same stage and another one.
+    expect_same_losses(train(initial_, batches_, 2, stage, kSaveAfter, kSteps, dir, ""), rest,
+                       what + ", resumed at 2 workers, stage " + std::to_string(stage));
+    expect_same_losses(train(initial_, batches_, 2, 1, kSaveAfter, kSteps, dir, ""), rest,
+                       what + ", resumed at 2 workers, stage 1");
+    // Consolidated: one shard with everything, resumed by one worker.
+    const std::string full = temp_dir("full-" + std::to_string(stage));
+    consolidate_zero_checkpoint(dir, full);
+    EXPECT_TRUE(std::filesystem::exists(full + "/shard-0-of-1.kolo"));
+    expect_same_losses(train(initial_, batches_, 1, stage, kSaveAfter, kSteps, full, ""), rest,
+                       what + ", consolidated, resumed at 1 worker");
+    // The consolidated parameters in a plain model equal the sharded ones.
+    zt::ZeroNet plain_a, plain_b;
+    load_zero_model(dir, plain_a);
+    load_zero_model(full, plain_b);
+    optimizer_testing::expect_params_close(plain_a, plain_b, 0, 0, what + " consolidated");
+    std::filesystem::remove_all(dir);
+    std::filesystem::remove_all(full);
+  }
+}
+
+// Every rank's error, after loading `dir` at `world` workers.
+std::vector<std::string> load_errors(const zt::ZeroNet& initial, const std::string& dir,
+                                     int world) {
+  std::vector<std::string> errors(world);
+  run_with_engines(world, [&](int rank, Engine& engine) {
+    auto model = zt::copy_of(initial);
+    auto adam = zt::make_optimizer(zt::Kind::kAdam, model->parameters());
+    ZeroOptimizer zero(*adam, *model, options_for(2, engine));
+    errors[rank] = testing::error_of([&] { load_zero_checkpoint(dir, zero); });
+    optimizer_testing::finish(engine);
+  });
+  return errors;
+}
+
+TEST_F(ZeroCheckpoint, MissingOrCorruptShardNamesTheFileAndTheRank) {
+  const std::string dir = temp_dir("broken");
+  train(initial_, batches_, 2, 2, 0, 1, "", dir);
+  const std::string shard1 = dir + "/shard-1-of-2.kolo";
+  {
+    // Flip one byte of the payload.
+    std::fstream f(shard1, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(100);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x5a);
+    f.seekp(100);
+    f.write(&c, 1);
+  }
+  for (const std::string& error : load_errors(initial_, dir, 2)) {
+    EXPECT_NE(error.find("shard of rank 1 of 2"), std::string::npos) << error;
+    EXPECT_NE(error.find(shard1), std::string::npos) << error;
+    EXPECT_NE(error.find("checksum"), std::string::npos) << error;
+  }
+  std::filesystem::remove(dir + "/shard-0-of-2.kolo");
+  for (const std::string& error : load_errors(initial_, dir, 1)) {
+    EXPECT_NE(error.find("shard of rank 0 of 2"), std::string::npos) << error;
+    EXPECT_NE(error.find(dir + "/shard-0-of-2.kolo"), std::string::npos) << error;
+    EXPECT_NE(error.find("does not exist"), std::string::npos) << error;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kolo

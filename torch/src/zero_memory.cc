@@ -1,0 +1,103 @@
+// Memory accounting of the ZeroOptimizer (kolo/torch/zero.h: ZeroMemory).
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize/archive.h>
+
+#include <algorithm>
+
+#include "zero_state.h"
+
+namespace kolo {
+
+namespace {
+
+int64_t bytes_of(const torch::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+int64_t bytes_of(std::initializer_list<const torch::Tensor*> tensors) {
+  int64_t total = 0;
+  for (const torch::Tensor* t : tensors) total += bytes_of(*t);
+  return total;
+}
+
+}  // namespace
+
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
+  using namespace torch::optim;
+  int64_t total = 0;
+  for (const auto& [key, state] : optimizer.state()) {
+    const OptimizerParamState* s = state.get();
+    if (auto* a = dynamic_cast<const AdamParamState*>(s)) {
+      total += bytes_of({&a->exp_avg(), &a->exp_avg_sq(), &a->max_exp_avg_sq()});
+    } else if (auto* w = dynamic_cast<const AdamWParamState*>(s)) {
+      total += bytes_of({&w->exp_avg(), &w->exp_avg_sq(), &w->max_exp_avg_sq()});
+    } else if (auto* g = dynamic_cast<const SGDParamState*>(s)) {
+      total += bytes_of(g->momentum_buffer());
+    } else if (auto* ada = dynamic_cast<const AdagradParamState*>(s)) {
+      total += bytes_of(ada->sum());
+    } else if (auto* r = dynamic_cast<const RMSpropParamState*>(s)) {
+      total += bytes_of({&r->square_avg(), &r->momentum_buffer(), &r->grad_avg()});
+    } else {
+      // Another optimizer: the size of its serialised state (tensor bytes
+      // plus a small archive overhead).
+      torch::serialize::OutputArchive archive;
+      s->serialize(archive);
+      total += static_cast<int64_t>(detail::archive_to_bytes(archive).size());
+    }
+  }
+  return total;
+}
+
+namespace detail {
+
+ZeroMemory ZeroState::current() const {
+  ZeroMemory m;
+  for (const ZeroParam& p : params) {
+    if (options.stage != 3) m.param_bytes += bytes_of(p.param);
+    m.grad_bytes += bytes_of(p.param.grad());
+  }
+  for (const ZeroBucket& b : buckets) {
+    m.param_bytes += bytes_of(b.shard);
+    if (b.unit >= 0 && (b.gathered || b.gathering)) m.param_bytes += b.full_nbytes;
+    m.grad_bytes += bytes_of(b.grad_shard) + bytes_of(b.full_grad);
+  }
+  m.optimizer_state_bytes = optimizer_state_bytes(*optimizer);
+  return m;
+}
+
+void ZeroState::sample() {
+  const ZeroMemory m = current();
+  peak.peak_param_bytes = std::max(peak.peak_param_bytes, m.param_bytes);
+  peak.peak_grad_bytes = std::max(peak.peak_grad_bytes, m.grad_bytes);
+  peak.peak_optimizer_state_bytes =
+      std::max(peak.peak_optimizer_state_bytes, m.optimizer_state_bytes);
+  peak.peak_total_bytes =
+      std::max(peak.peak_total_bytes, m.param_bytes + m.grad_bytes + m.optimizer_state_bytes);
+}
+
+}  // namespace detail
+
+ZeroMemory ZeroOptimizer::memory() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  ZeroMemory m = state_->current();
+  const ZeroMemory& p = state_->peak;
+  m.peak_param_bytes = std::max(p.peak_param_bytes, m.param_bytes);
+  m.peak_grad_bytes = std::max(p.peak_grad_bytes, m.grad_bytes);
+  m.peak_optimizer_state_bytes = std::max(p.peak_optimizer_state_bytes, m.optimizer_state_bytes);
+  m.peak_total_bytes =
+      std::max(p.peak_total_bytes, m.param_bytes + m.grad_bytes + m.optimizer_state_bytes);
+  return m;
+}
+
+void ZeroOptimizer::reset_peak() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->peak = ZeroMemory{};
+  state_->sample();
+}
+
+}  // namespace kolo

@@ -1,0 +1,142 @@
+// ZeRO partitioning (zero_state.h): parameters -> buckets -> this rank's
+// slices -> the pieces the wrapped optimizer steps.
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "kolo/core/errors.h"
+#include "zero_state.h"
+
+namespace kolo::detail {
+
+std::pair<int64_t, int64_t> slice_of(int64_t numel, int n, int r) {
+  const int64_t q = numel / n;
+  const int64_t m = numel % n;
+  const int64_t begin = r * q + std::min<int64_t>(r, m);
+  return {begin, q + (r < m ? 1 : 0)};
+}
+
+namespace {
+
+// Cuts this rank's slice of `bucket` into pieces of one group each.
+void add_pieces(ZeroState& state, int b) {
+  ZeroBucket& bucket = state.buckets[b];
+  const int64_t lo = bucket.shard_begin;
+  const int64_t hi = bucket.shard_begin + bucket.shard_numel;
+  for (int index : bucket.params) {
+    const ZeroParam& p = state.params[index];
+    const int64_t begin = std::max(lo, p.offset);
+    const int64_t end = std::min(hi, p.offset + p.numel);
+    if (begin >= end) continue;
+    if (!state.pieces.empty()) {
+      ZeroPiece& last = state.pieces.back();
+      if (last.bucket == b && last.group == p.group && lo + last.begin + last.numel == begin) {
+        last.numel += end - begin;
+        continue;
+      }
+    }
+    ZeroPiece piece;
+    piece.bucket = b;
+    piece.group = p.group;
+    piece.begin = begin - lo;
+    piece.numel = end - begin;
+    state.pieces.push_back(piece);
+  }
+}
+
+void place(ZeroState& state, ZeroBucket& bucket, int b, int index) {
+  ZeroParam& p = state.params[index];
+  p.bucket = b;
+  p.offset = bucket.numel;
+  bucket.numel += p.numel;
+  bucket.params.push_back(index);
+}
+
+}  // namespace
+
+void ZeroState::build(const std::vector<std::pair<std::string, ShardedUnitImpl*>>& named_units) {
+  torch::NoGradGuard no_grad;
+  const int stage = options.stage;
+  if (stage == 3) {
+    // One bucket per unit that holds parameters of the optimizer; the unit's
+    // parameters in the optimizer's order.
+    std::unordered_map<const c10::TensorImpl*, int> unit_of;
+    for (size_t u = 0; u < named_units.size(); ++u) {
+      for (const auto& p : named_units[u].second->parameters()) {
+        unit_of[p.unsafeGetTensorImpl()] = static_cast<int>(u);
+      }
+    }
+    std::vector<int> bucket_of_unit(named_units.size(), -1);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const int u = unit_of.at(params[i].param.unsafeGetTensorImpl());
+      if (bucket_of_unit[u] < 0) {
+        bucket_of_unit[u] = static_cast<int>(buckets.size());
+        ZeroBucket bucket;
+        bucket.name = named_units[u].first.empty() ? "<model>" : named_units[u].first;
+        bucket.unit = u;
+        bucket.dtype = params[i].param.scalar_type();
+        buckets.push_back(std::move(bucket));
+        units.push_back(named_units[u].second);
+      }
+      const int b = bucket_of_unit[u];
+      place(*this, buckets[b], b, static_cast<int>(i));
+    }
+  } else {
+    // Runs of whole parameters of one dtype, about bucket_bytes each.
+    int64_t bytes = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const torch::Tensor& t = params[i].param;
+      const int64_t size = t.numel() * static_cast<int64_t>(t.element_size());
+      if (buckets.empty() || buckets.back().dtype != t.scalar_type() ||
+          (bytes > 0 && bytes + size > options.bucket_bytes)) {
+        ZeroBucket bucket;
+        bucket.name = "b" + std::to_string(buckets.size());
+        bucket.dtype = t.scalar_type();
+        buckets.push_back(std::move(bucket));
+        bytes = 0;
+      }
+      bytes += size;
+      const int b = static_cast<int>(buckets.size()) - 1;
+      place(*this, buckets[b], b, static_cast<int>(i));
+    }
+  }
+
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    ZeroBucket& bucket = buckets[b];
+    std::tie(bucket.shard_begin, bucket.shard_numel) = slice_of(bucket.numel, size, rank);
+    const auto type = torch::TensorOptions().dtype(bucket.dtype);
+    bucket.grad_shard = torch::zeros({bucket.shard_numel}, type);
+    if (stage == 3) {
+      // The parameters become views of one flat buffer per unit; this rank
+      // keeps its slice and the buffer's storage is released.
+      bucket.full = torch::empty({bucket.numel}, type);
+      bucket.full_nbytes = bucket.numel * static_cast<int64_t>(bucket.full.element_size());
+      for (int index : bucket.params) {
+        ZeroParam& p = params[index];
+        torch::Tensor view = bucket.full.narrow(0, p.offset, p.numel);
+        view.copy_(p.param.reshape({-1}));
+        p.param.set_data(view.view(p.param.sizes()));
+      }
+      bucket.shard = bucket.full.narrow(0, bucket.shard_begin, bucket.shard_numel).clone();
+      bucket.gathered = true;
+      release(static_cast<int>(b));
+    } else {
+      bucket.shard = torch::empty({bucket.shard_numel}, type);
+    }
+    add_pieces(*this, static_cast<int>(b));
+  }
+  if (stage != 3) copy_slices_from_params();
+
+  // The wrapped optimizer steps the pieces.
+  auto& groups = optimizer->param_groups();
+  for (auto& group : groups) group.params().clear();
+  for (ZeroPiece& piece : pieces) {
+    ZeroBucket& bucket = buckets[piece.bucket];
+    piece.value = bucket.shard.narrow(0, piece.begin, piece.numel);
+    groups[piece.group].params().push_back(piece.value);
+  }
+  point_piece_grads();
+}
+
+}  // namespace kolo::detail
