@@ -15,9 +15,12 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <system_error>
 
 #include "build_info.h"
+#include "elastic_driver.h"
+#include "hosts.h"
 #include "job.h"
 #include "kolo/core/communicator.h"
 #include "kolo/core/config.h"
@@ -100,7 +103,118 @@ int exec_mpirun(const LaunchOptions& options, const JobPlan& plan) {
   return 127;
 }
 
+// A fresh per-job secret for the rendezvous: 256 random bits as 64 hex digits.
+std::string make_secret() {
+  std::random_device device;
+  std::string hex;
+  static const char* digits = "0123456789abcdef";
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t word = device();
+    for (int k = 0; k < 8; ++k) hex += digits[(word >> (4 * k)) & 15];
+  }
+  return hex;
+}
+
+// Elastic mode (elastic_driver.h): kolorun serves an authenticated
+// rendezvous and re-forms the world as workers fail or hosts appear.
+int launch_elastic(const LaunchOptions& options) {
+  std::vector<HostSlots> hosts;
+  if (!options.hosts.empty()) hosts = parse_host_list(options.hosts);
+  const std::string hostname = this_hostname();
+  const std::string path = process_parent_env()("PATH").value_or("/usr/local/bin:/usr/bin:/bin");
+  const std::string error = check_elastic_options(options, hosts);
+  if (!error.empty()) throw UsageError(error);
+  const auto compiled = compiled_backends();
+  if (!options.backend.empty() &&
+      std::find(compiled.begin(), compiled.end(), options.backend) == compiled.end()) {
+    throw UsageError("--backend " + options.backend + ": this build of kolo has no " +
+                     options.backend + " backend (see kolorun --check-build)");
+  }
+  ElasticSetup setup;
+  setup.options = &options;
+  setup.hosts = hosts;
+  setup.this_hostname = hostname;
+  setup.program_path = find_executable(options.program, path);
+  if (setup.program_path.empty()) {
+    throw UsageError("program '" + options.program +
+                     "' does not exist or is not executable: check the name or give its path");
+  }
+  if (!options.host_discovery_script.empty() &&
+      find_executable(options.host_discovery_script, path).empty()) {
+    throw UsageError("--host-discovery-script '" + options.host_discovery_script +
+                     "' does not exist or is not executable (chmod +x it)");
+  }
+  bool remote = !options.store_addr.empty();
+  for (const auto& h : hosts) remote = remote || !is_local_host(h.name, hostname);
+
+  OutputRouter::Options output_options;
+  output_options.mode = options.output;
+  output_options.output_dir = options.output_dir;
+  std::unique_ptr<OutputRouter> output;
+  try {
+    output = std::make_unique<OutputRouter>(output_options, 0);
+  } catch (const std::system_error& e) {
+    throw UsageError("--output-dir " + options.output_dir + ": " + e.what());
+  }
+  const std::string secret = make_secret();
+  std::unique_ptr<TcpStoreServer> server;
+  TcpStoreServer::Options store_options;
+  store_options.bind_address = remote ? "0.0.0.0" : "127.0.0.1";
+  store_options.secret = secret;
+  store_options.on_reject = [](const std::string& message) {
+    // From the server's thread: one write(2) keeps the line whole.
+    const std::string line = "kolorun: elastic: rendezvous: " + message + "\n";
+    if (write(2, line.data(), line.size()) < 0) {
+      // stderr closed: nothing else to tell
+    }
+  };
+  try {
+    server = std::make_unique<TcpStoreServer>(store_options);
+  } catch (const std::exception& e) {
+    std::cerr << "kolorun: cannot serve the rendezvous on " << store_options.bind_address << ": "
+              << e.what() << std::endl;
+    return 1;
+  }
+  sigset_t signals = handled_signals();
+  int signal_fd = signalfd(-1, &signals, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (signal_fd < 0) {
+    std::cerr << "kolorun: signalfd: " << std::strerror(errno) << std::endl;
+    return 1;
+  }
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+
+  setup.job.store_addr =
+      remote ? (options.store_addr.empty() ? hostname : options.store_addr) : "127.0.0.1";
+  setup.job.store_port = server->port();
+  setup.job.job_id = make_job_id();
+  setup.job.backend = options.backend;
+  setup.job.timeout_seconds = options.timeout_seconds;
+  setup.job.local_cores = usable_cores();
+  setup.job.extra = {{"KOLO_ELASTIC", "1"},
+                     {"KOLO_JOB_SECRET", secret},
+                     {"KOLO_ELASTIC_TIMEOUT_SECONDS",
+                      format_seconds(options.elastic_timeout_seconds + 60.0)}};
+  setup.signal_fd = signal_fd;
+  setup.parent_environ = current_environ();
+  setup.working_dir = working_directory();
+  if (options.verbose) {
+    std::cerr << "kolorun: elastic: rendezvous on " << store_options.bind_address << ":"
+              << server->port() << " (authenticated with a per-job secret)" << std::endl;
+  }
+  Outcome outcome;
+  {
+    auto store =
+        connect_tcp_store("127.0.0.1", server->port(), std::chrono::seconds(10), secret);
+    ElasticDriver driver(setup, *output, store);
+    outcome = driver.run();
+  }
+  close(signal_fd);
+  if (!outcome.report.empty()) std::cerr << outcome.report << std::endl;
+  return outcome.exit_code;
+}
+
 int launch(const LaunchOptions& options) {
+  if (options.elastic()) return launch_elastic(options);
   PlanContext context;
   context.hostname = this_hostname();
   context.path = process_parent_env()("PATH").value_or("/usr/local/bin:/usr/bin:/bin");

@@ -160,6 +160,33 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   app.add_option("--store-addr", o.store_addr,
                  "Address remote workers use to reach this host's store (default: host name)")
       ->type_name("ADDR");
+  std::string min_np_text, max_np_text, max_restarts_text, discovery_interval_text,
+      elastic_timeout_text, cooldown_text;
+  app.add_option("--min-np", min_np_text,
+                 "Elastic mode: fewest workers to train with; fewer for --elastic-timeout "
+                 "stops the job")
+      ->type_name("N");
+  app.add_option("--max-np", max_np_text, "Elastic mode: most workers to train with")
+      ->type_name("N");
+  app.add_option("--max-restarts", max_restarts_text,
+                 "Elastic mode: times the world is re-formed after a failed worker before the "
+                 "job fails (default 3)")
+      ->type_name("N");
+  app.add_option("--host-discovery-script", o.host_discovery_script,
+                 "Elastic mode: executable printing the available hosts as host:slots lines, "
+                 "run every --discovery-interval")
+      ->type_name("PATH");
+  app.add_option("--discovery-interval", discovery_interval_text,
+                 "Elastic mode: seconds between runs of the discovery script (default 1)")
+      ->type_name("SECONDS");
+  app.add_option("--elastic-timeout", elastic_timeout_text,
+                 "Elastic mode: seconds to wait for --min-np workers before stopping the job "
+                 "(default 60)")
+      ->type_name("SECONDS");
+  app.add_option("--cooldown", cooldown_text,
+                 "Elastic mode: seconds a host is set aside after its worker failed, doubled "
+                 "on each further failure (default 10)")
+      ->type_name("SECONDS");
   app.add_flag("-v,--verbose", o.verbose, "Print each worker's command and variables to stderr");
   app.add_flag("--check-build", check_build, "List the backends and frameworks compiled in");
   app.add_flag("--print-env-docs", env_docs,
@@ -194,7 +221,37 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   }
 
   if (!np_text.empty()) o.np = parse_count("-np", np_text, "-np 2");
-  if (!o.np && o.hosts.empty()) {
+  if (!min_np_text.empty()) o.min_np = parse_count("--min-np", min_np_text, "--min-np 2");
+  if (!max_np_text.empty()) o.max_np = parse_count("--max-np", max_np_text, "--max-np 4");
+  if (!max_restarts_text.empty()) {
+    o.max_restarts = max_restarts_text == "0"
+                         ? 0
+                         : parse_count("--max-restarts", max_restarts_text, "--max-restarts 3");
+  }
+  if (!discovery_interval_text.empty()) {
+    o.discovery_interval_seconds =
+        parse_seconds("--discovery-interval", discovery_interval_text, false);
+  }
+  if (!elastic_timeout_text.empty()) {
+    o.elastic_timeout_seconds = parse_seconds("--elastic-timeout", elastic_timeout_text, false);
+  }
+  if (!cooldown_text.empty()) o.cooldown_seconds = parse_seconds("--cooldown", cooldown_text, true);
+  if (o.min_np && o.max_np && *o.min_np > *o.max_np) {
+    throw UsageError("--min-np " + std::to_string(*o.min_np) + " is more than --max-np " +
+                     std::to_string(*o.max_np) + ": the fewest workers cannot exceed the most");
+  }
+  if (o.elastic() && o.backend == "mpi") {
+    throw UsageError(
+        "--backend mpi cannot be elastic: an MPI world cannot change its members; use shm or "
+        "gloo (or leave --backend out) with --min-np/--max-np/--host-discovery-script");
+  }
+  if (!o.elastic() && (!max_restarts_text.empty() || !discovery_interval_text.empty() ||
+                       !elastic_timeout_text.empty() || !cooldown_text.empty())) {
+    throw UsageError(
+        "--max-restarts, --discovery-interval, --elastic-timeout and --cooldown belong to "
+        "elastic mode: add --min-np N (and --max-np M) or --host-discovery-script");
+  }
+  if (!o.np && o.hosts.empty() && o.host_discovery_script.empty()) {
     throw UsageError(
         "-np is missing: say how many workers to start, e.g. kolorun -np 2 ./train (or give "
         "-H host:slots to use every slot)");

@@ -44,6 +44,25 @@ struct LaunchOptions {
   std::string store_addr;
   bool verbose = false;  // print the spawn plan to stderr
 
+  // Elastic mode (docs/elastic.md): on when --min-np, --max-np or
+  // --host-discovery-script is given. The world is re-formed when a worker
+  // fails or new slots appear, between min_np and max_np workers.
+  std::optional<int> min_np;  // default: -np (or 1 with discovery)
+  std::optional<int> max_np;  // default: -np (or every discovered slot)
+  // Re-formations after a failed member before the job fails (torchrun's
+  // --max-restarts); failed starts of new workers do not count.
+  int max_restarts = 3;
+  // Executable printing "host:slots" lines; run every discovery_interval.
+  std::string host_discovery_script;
+  double discovery_interval_seconds = 1.0;
+  // How long kolorun waits for enough workers (at the start, and when fewer
+  // than min_np remain) before it stops the job.
+  double elastic_timeout_seconds = 60.0;
+  // A host whose worker failed is set aside for cooldown * 2^(failures-1)
+  // seconds (at most kMaxCooldownSeconds in elastic_driver.h).
+  double cooldown_seconds = 10.0;
+  bool elastic() const { return min_np || max_np || !host_discovery_script.empty(); }
+
   std::string program;
   std::vector<std::string> program_args;
 };

@@ -52,11 +52,17 @@ std::string output_tag(int rank, Stream stream) {
          (stream == Stream::kStdout ? "<stdout>:" : "<stderr>:");
 }
 
-OutputRouter::OutputRouter(const Options& options, int world_size)
-    : options_(options), ranks_(static_cast<size_t>(world_size)) {
+OutputRouter::OutputRouter(const Options& options, int world_size) : options_(options) {
+  if (!options_.output_dir.empty()) make_directories(options_.output_dir);
+  grow(world_size);
+}
+
+void OutputRouter::grow(int count) {
+  const int old_count = static_cast<int>(ranks_.size());
+  if (count <= old_count) return;
+  ranks_.resize(static_cast<size_t>(count));
   if (options_.output_dir.empty()) return;
-  make_directories(options_.output_dir);
-  for (int r = 0; r < world_size; ++r) {
+  for (int r = old_count; r < count; ++r) {
     auto& state = ranks_[static_cast<size_t>(r)];
     state.log_path = options_.output_dir + "/rank." + std::to_string(r) + ".log";
     state.log_fd = open(state.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

@@ -29,6 +29,9 @@ class OutputRouter {
   // directory); throws std::system_error when that fails.
   OutputRouter(const Options& options, int world_size);
   ~OutputRouter();
+  // Makes room for ranks [0, count) (elastic mode numbers its workers as they
+  // start); opens their log files as the constructor does.
+  void grow(int count);
   OutputRouter(const OutputRouter&) = delete;
   OutputRouter& operator=(const OutputRouter&) = delete;
 

@@ -72,10 +72,20 @@ std::vector<EnvVar> kolo_variables(const Placement& placement, const JobInfo& jo
       {"KOLO_STORE_PORT", std::to_string(job.store_port)},
       {"KOLO_JOB_ID", job.job_id},
   };
+  if (job.elastic) {
+    // Placement comes from each round; only the rendezvous address stays.
+    vars.erase(std::remove_if(vars.begin(), vars.end(),
+                              [](const EnvVar& v) {
+                                return v.first != "KOLO_STORE_ADDR" &&
+                                       v.first != "KOLO_STORE_PORT" && v.first != "KOLO_JOB_ID";
+                              }),
+               vars.end());
+  }
   if (!job.backend.empty()) vars.emplace_back("KOLO_BACKEND", job.backend);
   if (job.timeout_seconds) {
     vars.emplace_back("KOLO_TIMEOUT_SECONDS", format_seconds(*job.timeout_seconds));
   }
+  vars.insert(vars.end(), job.extra.begin(), job.extra.end());
   return vars;
 }
 

@@ -27,6 +27,11 @@ struct JobInfo {
   std::string backend;                    // empty: KOLO_BACKEND not set (automatic)
   std::optional<double> timeout_seconds;  // KOLO_TIMEOUT_SECONDS when set
   int local_cores = 1;                    // cores kolorun may use on this host
+  // Elastic mode: the rank and size variables are left out (each round of the
+  // rendezvous gives them) and these follow the others (KOLO_ELASTIC,
+  // KOLO_WORKER_ID, KOLO_ELASTIC_HOST, KOLO_JOB_SECRET...).
+  bool elastic = false;
+  std::vector<EnvVar> extra;
 };
 
 // Cores this process may run on (its affinity mask), at least 1.

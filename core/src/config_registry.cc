@@ -21,6 +21,21 @@ const std::vector<ConfigVar>& config_registry() {
        "Unique id of the job; names shared-memory segments. Default: derived from the launcher."},
       {"KOLO_HOSTNAME", ConfigType::kString, "", "",
        "Name this worker reports for its host when grouping ranks by host. Default: gethostname()."},
+      {"KOLO_JOB_SECRET", ConfigType::kString, "", "",
+       "Per-job secret (hex) that signs every message to and from the rendezvous store "
+       "(HMAC-SHA256); kolorun sets it for its elastic workers. Unset: the store is "
+       "unauthenticated (it listens on loopback unless other hosts take part)."},
+      // --- Elastic mode (set by kolorun --min-np/--max-np/--host-discovery-script) ---
+      {"KOLO_ELASTIC", ConfigType::kBool, "0", "",
+       "1 when kolorun started this worker in elastic mode: kolo::elastic::run() joins "
+       "kolorun's rendezvous instead of reading KOLO_RANK/KOLO_SIZE."},
+      {"KOLO_WORKER_ID", ConfigType::kInt, "", "",
+       "Elastic mode: kolorun's id of this worker process, unique within the job."},
+      {"KOLO_ELASTIC_HOST", ConfigType::kString, "", "",
+       "Elastic mode: the host (as listed by -H or the discovery script) this worker runs on."},
+      {"KOLO_ELASTIC_TIMEOUT_SECONDS", ConfigType::kDouble, "600", "",
+       "Elastic mode: how long a worker waits for kolorun to form a world that includes it "
+       "kolorun itself stops the job sooner when too few workers remain (> 0)."},
       // --- Communicators ---
       {"KOLO_BACKEND", ConfigType::kChoice, "auto", "auto|shm|gloo|mpi",
        "Communicator backend. auto: mpi under mpirun/srun, shm when all ranks share a host, "

@@ -105,14 +105,20 @@ Runtime::Runtime(const InitOptions& options) {
       TcpStoreServer::Options server;
       server.bind_address = is_loopback(topology_.store_host) ? "127.0.0.1" : "0.0.0.0";
       server.port = topology_.store_port;
+      server.secret = config_.get_string("KOLO_JOB_SECRET");
       store_server_ = std::make_unique<TcpStoreServer>(server);
       connect_host = "127.0.0.1";
       logger.info("serving the rendezvous store on " + server.bind_address + ":" +
                   std::to_string(server.port));
     }
-    auto raw = connect_tcp_store(connect_host, topology_.store_port, timeout);
-    const int64_t generation = raw->add("kolo/inits/" + std::to_string(topology_.rank), 1);
-    store_ = make_prefix_store(raw, "kolo/init" + std::to_string(generation));
+    auto raw = connect_tcp_store(connect_host, topology_.store_port, timeout,
+                                 config_.get_string("KOLO_JOB_SECRET"));
+    if (options.store_prefix) {
+      store_ = make_prefix_store(raw, *options.store_prefix);
+    } else {
+      const int64_t generation = raw->add("kolo/inits/" + std::to_string(topology_.rank), 1);
+      store_ = make_prefix_store(raw, "kolo/init" + std::to_string(generation));
+    }
   }
 
   // Placement through the store when the launcher did not give it.

@@ -15,6 +15,13 @@
 // deadline passes, so clients never poll. The client keeps a small pool of
 // connections so that threads sharing one Store do not serialise behind a
 // blocked get.
+//
+// Authentication (Options::secret set on both sides): on accept the server
+// sends one frame holding a 16-byte random nonce. Every later frame body is
+// tag(32 bytes) + message, tag = HMAC-SHA256(secret, d + nonce + u64 n +
+// message) with d = 'q' for requests and 'r' for replies and n the index of
+// the request on this connection. A bad tag closes the connection (and is
+// reported through Options::on_reject); the client raises RuntimeFault.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -30,10 +37,12 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <unordered_map>
 
 #include "kolo/core/errors.h"
+#include "hmac_sha256.h"
 #include "kolo/core/store.h"
 
 namespace kolo {
@@ -70,6 +79,7 @@ class Writer {
     u32(static_cast<uint32_t>(b.size()));
     body_.append(reinterpret_cast<const char*>(b.data()), b.size());
   }
+  const std::string& body() const { return body_; }
   // The body with its length prefix.
   std::string frame() const {
     Writer w;
@@ -150,10 +160,60 @@ void set_nodelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
+constexpr size_t kNonceBytes = 16;
+constexpr size_t kTagBytes = 32;
+
+std::string random_nonce() {
+  std::random_device device;
+  std::string nonce;
+  while (nonce.size() < kNonceBytes) {
+    uint32_t word = device();
+    nonce.append(reinterpret_cast<const char*>(&word), sizeof(word));
+  }
+  return nonce.substr(0, kNonceBytes);
+}
+
+std::string tag_of(const std::string& secret, char direction, const std::string& nonce,
+                   uint64_t counter, const char* message, size_t bytes) {
+  std::string text;
+  text.reserve(1 + nonce.size() + 8 + bytes);
+  text += direction;
+  text += nonce;
+  for (int i = 0; i < 8; ++i) text += static_cast<char>((counter >> (8 * i)) & 0xff);
+  text.append(message, bytes);
+  detail::Digest digest = detail::hmac_sha256(secret, text);
+  return std::string(reinterpret_cast<const char*>(digest.data()), digest.size());
+}
+
+// A frame holding `body` ("" secret: unsigned).
+std::string seal(const std::string& secret, char direction, const std::string& nonce,
+                 uint64_t counter, const std::string& body) {
+  std::string payload =
+      secret.empty() ? body
+                     : tag_of(secret, direction, nonce, counter, body.data(), body.size()) + body;
+  std::string frame(4, '\0');
+  for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((payload.size() >> (8 * i)) & 0xff);
+  return frame + payload;
+}
+
+std::string peer_address(int fd) {
+  sockaddr_storage peer{};
+  socklen_t length = sizeof(peer);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0) return "an unknown peer";
+  char host[NI_MAXHOST] = {}, port[NI_MAXSERV] = {};
+  if (getnameinfo(reinterpret_cast<sockaddr*>(&peer), length, host, sizeof(host), port,
+                  sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return "an unknown peer";
+  }
+  return std::string(host) + ":" + port;
+}
+
 // ---- server ----
 
 struct Connection {
   int fd = -1;
+  std::string nonce;      // authenticated servers: sent on accept
+  uint64_t requests = 0;  // requests handled (the tag counter)
   std::string in;   // received, not yet handled
   std::string out;  // to send
   // A parked get/wait: answered when `keys` all exist or at `deadline`.
@@ -166,6 +226,8 @@ struct Connection {
 }  // namespace
 
 struct TcpStoreServer::Impl {
+  std::string secret;
+  std::function<void(const std::string&)> on_reject;
   int listen_fd = -1;
   int wake_fd = -1;  // eventfd: the destructor asks the thread to stop
   int port = 0;
@@ -180,6 +242,8 @@ struct TcpStoreServer::Impl {
   // returns whether the store changed. False from `ok` means: drop the client.
   bool handle_input(Connection& c, bool& ok);
   bool handle_request(Connection& c, Reader& r);  // returns whether the store changed
+  // Queues one reply (signed under the request's counter when authenticated).
+  void reply(Connection& c, const Writer& w);
   // Answers a parked request if its keys exist or its deadline passed.
   void try_unpark(Connection& c, Clock::time_point now);
   void flush(Connection& c, bool& ok);
@@ -191,6 +255,8 @@ struct TcpStoreServer::Impl {
 };
 
 TcpStoreServer::TcpStoreServer(const Options& options) : impl_(std::make_unique<Impl>()) {
+  impl_->secret = options.secret;
+  impl_->on_reject = options.on_reject;
   const std::string where = options.bind_address + ":" + std::to_string(options.port);
   if (options.port < 0 || options.port > 65535) {
     throw ContractError("kolo TcpStoreServer: port " + std::to_string(options.port) +
@@ -349,7 +415,18 @@ void TcpStoreServer::Impl::accept_all() {
       return;
     }
     set_nodelay(fd);
-    connections[fd].fd = fd;
+    Connection& c = connections[fd];
+    c.fd = fd;
+    if (!secret.empty()) {
+      c.nonce = random_nonce();
+      c.out = seal("", 0, "", 0, c.nonce);  // the challenge itself is not signed
+      bool ok = true;
+      flush(c, ok);
+      if (!ok) {
+        close(fd);
+        connections.erase(fd);
+      }
+    }
   }
 }
 
@@ -362,7 +439,30 @@ bool TcpStoreServer::Impl::handle_input(Connection& c, bool& ok) {
       break;
     }
     if (c.in.size() < 4 + size_t(body_bytes)) break;
-    Reader r(c.in.data() + 4, body_bytes);
+    const char* body = c.in.data() + 4;
+    size_t message_bytes = body_bytes;
+    if (!secret.empty()) {
+      const bool signed_ok =
+          body_bytes >= kTagBytes &&
+          detail::digest_equal(
+              reinterpret_cast<const uint8_t*>(body),
+              reinterpret_cast<const uint8_t*>(
+                  tag_of(secret, 'q', c.nonce, c.requests, body + kTagBytes, body_bytes - kTagBytes)
+                      .data()),
+              kTagBytes);
+      if (!signed_ok) {
+        if (on_reject) {
+          on_reject("rejected a connection from " + peer_address(c.fd) +
+                    ": a message without a valid tag of this job's secret (request " +
+                    std::to_string(c.requests) + " on the connection)");
+        }
+        ok = false;
+        break;
+      }
+      body += kTagBytes;
+      message_bytes -= kTagBytes;
+    }
+    Reader r(body, message_bytes);
     try {
       changed |= handle_request(c, r);
     } catch (const std::exception&) {
@@ -382,7 +482,7 @@ bool TcpStoreServer::Impl::handle_request(Connection& c, Reader& r) {
       std::string key = r.str();
       data[key] = r.bytes();
       w.u8(kOk);
-      c.out += w.frame();
+      reply(c, w);
       return true;
     }
     case kGet: {
@@ -419,7 +519,7 @@ bool TcpStoreServer::Impl::handle_request(Connection& c, Reader& r) {
         if (text.empty() || *end != '\0' || errno != 0) {
           w.u8(kError);
           w.str("the existing value of '" + key + "' is not a decimal integer");
-          c.out += w.frame();
+          reply(c, w);
           return false;
         }
         value = parsed;
@@ -429,7 +529,7 @@ bool TcpStoreServer::Impl::handle_request(Connection& c, Reader& r) {
       data[key] = Bytes(text.begin(), text.end());
       w.u8(kOk);
       w.i64(value);
-      c.out += w.frame();
+      reply(c, w);
       return true;
     }
     case kCheck: {
@@ -438,19 +538,28 @@ bool TcpStoreServer::Impl::handle_request(Connection& c, Reader& r) {
       for (uint32_t i = 0; i < n; ++i) present &= data.count(r.str()) > 0;
       w.u8(kOk);
       w.u8(present ? 1 : 0);
-      c.out += w.frame();
+      reply(c, w);
       return false;
     }
     case kErase: {
       bool existed = data.erase(r.str()) > 0;
       w.u8(kOk);
       w.u8(existed ? 1 : 0);
-      c.out += w.frame();
+      reply(c, w);
       return existed;
     }
     default:
       throw ProtocolError("unknown op");
   }
+}
+
+void TcpStoreServer::Impl::reply(Connection& c, const Writer& w) {
+  if (secret.empty()) {
+    c.out += w.frame();
+  } else {
+    c.out += seal(secret, 'r', c.nonce, c.requests, w.body());
+  }
+  ++c.requests;
 }
 
 void TcpStoreServer::Impl::try_unpark(Connection& c, Clock::time_point now) {
@@ -471,7 +580,7 @@ void TcpStoreServer::Impl::try_unpark(Connection& c, Clock::time_point now) {
   } else {
     return;
   }
-  c.out += w.frame();
+  reply(c, w);
   c.parked = false;
   c.parked_keys.clear();
 }
@@ -501,13 +610,17 @@ constexpr std::chrono::milliseconds kReplyGrace{30000};
 
 class TcpStore : public Store {
  public:
-  TcpStore(std::string host, int port, std::chrono::milliseconds connect_timeout)
-      : host_(std::move(host)), port_(port), connect_timeout_(connect_timeout) {
+  TcpStore(std::string host, int port, std::chrono::milliseconds connect_timeout,
+           std::string secret)
+      : host_(std::move(host)),
+        port_(port),
+        connect_timeout_(connect_timeout),
+        secret_(std::move(secret)) {
     idle_.push_back(open_connection());
   }
 
   ~TcpStore() override {
-    for (int fd : idle_) close(fd);
+    for (const Link& link : idle_) close(link.fd);
   }
 
   void set(const std::string& key, const Bytes& value) override {
@@ -598,41 +711,69 @@ class TcpStore : public Store {
                        "launch) has probably exited");
   }
 
+  // One connection: its socket and, when authenticated, the server's nonce
+  // and the number of requests sent so far.
+  struct Link {
+    int fd = -1;
+    std::string nonce;
+    uint64_t requests = 0;
+  };
+
   // Sends one request on a pooled connection and returns the reply body.
   std::string call(const std::string& what, const Writer& request,
                    std::chrono::milliseconds timeout) {
-    int fd = acquire();
+    Link link = acquire();
     try {
       auto deadline = Clock::now() + std::max(timeout, std::chrono::milliseconds(0)) +
                       std::max(connect_timeout_, kReplyGrace);
-      send_all(fd, request.frame(), what);
-      std::string header = recv_exactly(fd, 4, deadline, what);
-      uint32_t body_bytes = peek_u32(header);
-      if (body_bytes == 0 || body_bytes > kMaxFrameBytes) lost(what, "malformed reply");
-      std::string body = recv_exactly(fd, body_bytes, deadline, what);
-      release(fd);
+      send_all(link.fd, seal(secret_, 'q', link.nonce, link.requests, request.body()), what);
+      std::string body = read_frame(link.fd, deadline, what);
+      if (!secret_.empty()) {
+        const std::string tag = body.size() >= kTagBytes
+                                    ? tag_of(secret_, 'r', link.nonce, link.requests,
+                                             body.data() + kTagBytes, body.size() - kTagBytes)
+                                    : std::string();
+        if (tag.empty() || !detail::digest_equal(reinterpret_cast<const uint8_t*>(body.data()),
+                                                 reinterpret_cast<const uint8_t*>(tag.data()),
+                                                 kTagBytes)) {
+          lost(what,
+               "a reply without a valid tag of this job's secret (KOLO_JOB_SECRET differs from "
+               "the server's, or another process answered)");
+        }
+        body.erase(0, kTagBytes);
+        if (body.empty()) lost(what, "malformed reply");
+      }
+      ++link.requests;
+      release(link);
       return body;
     } catch (...) {
-      close(fd);  // the stream may be mid-message: never reuse it
+      close(link.fd);  // the stream may be mid-message: never reuse it
       throw;
     }
   }
 
-  int acquire() {
+  std::string read_frame(int fd, Clock::time_point deadline, const std::string& what) {
+    std::string header = recv_exactly(fd, 4, deadline, what);
+    uint32_t body_bytes = peek_u32(header);
+    if (body_bytes == 0 || body_bytes > kMaxFrameBytes) lost(what, "malformed reply");
+    return recv_exactly(fd, body_bytes, deadline, what);
+  }
+
+  Link acquire() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!idle_.empty()) {
-        int fd = idle_.back();
+        Link link = idle_.back();
         idle_.pop_back();
-        return fd;
+        return link;
       }
     }
     return open_connection();
   }
 
-  void release(int fd) {
+  void release(const Link& link) {
     std::lock_guard<std::mutex> lock(mutex_);
-    idle_.push_back(fd);
+    idle_.push_back(link);
   }
 
   void send_all(int fd, const std::string& data, const std::string& what) {
@@ -669,8 +810,30 @@ class TcpStore : public Store {
     return out;
   }
 
-  // Connects, retrying refused/unreachable attempts until connect_timeout_.
-  int open_connection() {
+  // Connects (retrying refused/unreachable attempts until connect_timeout_)
+  // and, when authenticated, reads the server's nonce.
+  Link open_connection() {
+    Link link;
+    link.fd = connect_socket();
+    if (!secret_.empty()) {
+      try {
+        link.nonce = read_frame(link.fd, Clock::now() + std::max(connect_timeout_, kReplyGrace),
+                                "the authentication handshake");
+      } catch (...) {
+        close(link.fd);
+        throw;
+      }
+      if (link.nonce.size() != kNonceBytes) {
+        close(link.fd);
+        lost("the authentication handshake",
+             "the server sent no nonce (it serves the store without a secret: unset "
+             "KOLO_JOB_SECRET)");
+      }
+    }
+    return link;
+  }
+
+  int connect_socket() {
     auto deadline = Clock::now() + connect_timeout_;
     std::string last_error = "no attempt made";
     for (;;) {
@@ -741,14 +904,16 @@ class TcpStore : public Store {
   const std::string host_;
   const int port_;
   const std::chrono::milliseconds connect_timeout_;
+  const std::string secret_;
   std::mutex mutex_;
-  std::vector<int> idle_;  // connected, not in use
+  std::vector<Link> idle_;  // connected, not in use
 };
 
 }  // namespace
 
 std::shared_ptr<Store> connect_tcp_store(const std::string& host, int port,
-                                         std::chrono::milliseconds connect_timeout) {
+                                         std::chrono::milliseconds connect_timeout,
+                                         const std::string& secret) {
   if (port <= 0 || port > 65535) {
     throw ContractError("kolo connect_tcp_store: port " + std::to_string(port) +
                         " is not in [1, 65535]");
@@ -756,7 +921,7 @@ std::shared_ptr<Store> connect_tcp_store(const std::string& host, int port,
   if (host.empty()) {
     throw ContractError("kolo connect_tcp_store: empty host; give an address such as 127.0.0.1");
   }
-  return std::make_shared<TcpStore>(host, port, connect_timeout);
+  return std::make_shared<TcpStore>(host, port, connect_timeout, secret);
 }
 
 }  // namespace kolo

@@ -31,6 +31,11 @@ struct InitOptions {
   std::optional<std::chrono::milliseconds> timeout;
   // Environment to read (tests inject one); defaults to the process environment.
   EnvLookup env;
+  // Store prefix this runtime works under. Default: "kolo/init<g>" with g
+  // counted per rank in the store (see runtime.cc). Elastic rounds set
+  // "elastic/round<g>/init": their ranks are numbered afresh in every round,
+  // so a per-rank counter would disagree between old and new workers.
+  std::optional<std::string> store_prefix;
 };
 
 class Runtime {

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,9 +44,12 @@ std::shared_ptr<Store> make_file_store(const std::string& directory);
 std::shared_ptr<Store> make_prefix_store(std::shared_ptr<Store> inner, const std::string& prefix);
 
 // Client of a TcpStoreServer. Connects with retries until `connect_timeout`.
-// A lost connection raises RuntimeFault naming the server address.
+// A lost connection raises RuntimeFault naming the server address. `secret`
+// must be the server's (see TcpStoreServer::Options::secret); "" for a server
+// without one.
 std::shared_ptr<Store> connect_tcp_store(const std::string& host, int port,
-                                         std::chrono::milliseconds connect_timeout);
+                                         std::chrono::milliseconds connect_timeout,
+                                         const std::string& secret = "");
 
 // TCP store server. Served by kolorun (or, without kolorun, by rank 0 in
 // torchrun-style bootstrap). Runs its own thread until destroyed.
@@ -54,6 +58,15 @@ class TcpStoreServer {
   struct Options {
     std::string bind_address = "127.0.0.1";  // "0.0.0.0" when other hosts take part
     int port = 0;                            // 0 = pick a free port
+    // When non-empty, every message in both directions carries an HMAC-SHA256
+    // tag under this key over (direction, a random per-connection nonce the
+    // server sends first, a message counter, the message): a client without
+    // the secret can neither read nor write the store, and a recorded message
+    // cannot be replayed. A message with a wrong tag closes its connection.
+    std::string secret;
+    // Called on the server's thread for each connection closed for a bad
+    // tag, with the peer address and the reason (kolorun logs it).
+    std::function<void(const std::string& message)> on_reject;
   };
   explicit TcpStoreServer(const Options& options);
   ~TcpStoreServer();

@@ -1,0 +1,186 @@
+// Elastic State: commit / restore / sync, and BufferState (elastic.h).
+//
+// Committed bytes: i64 epoch, i64 batch, then the subclass's serialize().
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "kolo/core/elastic.h"
+
+namespace kolo::elastic {
+namespace {
+
+void put_u64(Bytes& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>((v >> (8 * i)) & 0xff));
+}
+
+uint64_t get_u64(const Bytes& in, size_t& pos, const char* what) {
+  if (in.size() - pos < 8) {
+    throw ContractError(std::string("kolo elastic state: truncated bytes reading ") + what);
+  }
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= uint64_t(in[pos + i]) << (8 * i);
+  pos += 8;
+  return v;
+}
+
+}  // namespace
+
+State::State() = default;
+State::State(Options options) : options_(std::move(options)) {}
+State::~State() = default;
+
+void State::attach(Rendezvous* rendezvous, int64_t round) {
+  rendezvous_ = rendezvous;
+  round_ = round;
+}
+
+void State::on_reset(std::function<void()> callback) {
+  reset_callbacks_.push_back(std::move(callback));
+}
+
+void State::run_reset_callbacks() {
+  for (auto& callback : reset_callbacks_) callback();
+}
+
+Bytes State::serialize_all() {
+  Bytes out;
+  put_u64(out, static_cast<uint64_t>(epoch));
+  put_u64(out, static_cast<uint64_t>(batch));
+  Bytes rest = serialize();
+  out.insert(out.end(), rest.begin(), rest.end());
+  return out;
+}
+
+void State::deserialize_all(const Bytes& bytes) {
+  size_t pos = 0;
+  const int64_t e = static_cast<int64_t>(get_u64(bytes, pos, "the epoch"));
+  const int64_t b = static_cast<int64_t>(get_u64(bytes, pos, "the batch"));
+  deserialize(Bytes(bytes.begin() + static_cast<long>(pos), bytes.end()));
+  epoch = e;
+  batch = b;
+}
+
+void State::commit() {
+  snapshot_ = serialize_all();
+  ++commit_count_;
+  const bool rank0 = !is_initialized() || kolo::rank() == 0;
+  if (!options_.commit_path.empty() && rank0) {
+    const std::string tmp = options_.commit_path + ".tmp";
+    {
+      std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
+      file.write(reinterpret_cast<const char*>(snapshot_.data()),
+                 static_cast<std::streamsize>(snapshot_.size()));
+      if (!file) {
+        throw ContractError("kolo elastic State::commit: cannot write " + tmp +
+                            " (State::Options::commit_path); check the directory exists and is "
+                            "writable");
+      }
+    }
+    if (std::rename(tmp.c_str(), options_.commit_path.c_str()) != 0) {
+      throw ContractError("kolo elastic State::commit: cannot rename " + tmp + " to " +
+                          options_.commit_path + ": " + std::strerror(errno));
+    }
+  }
+  if (rendezvous_ == nullptr || !is_initialized()) return;
+  // Every member must decide alike: rank 0 asks kolorun, the others follow.
+  int64_t latest = kolo::rank() == 0 ? rendezvous_->latest_round() : 0;
+  if (kolo::size() > 1) {
+    BroadcastOptions options;
+    options.root = 0;
+    runtime().world().broadcast(&latest, 1, DType::kI64, options);
+  }
+  if (latest > round_) {
+    throw MembershipChanged("kolorun formed round " + std::to_string(latest) +
+                                " (workers waiting to join) while this world is round " +
+                                std::to_string(round_),
+                            latest);
+  }
+}
+
+void State::restore() {
+  if (snapshot_.empty()) return;
+  deserialize_all(snapshot_);
+}
+
+void State::load_commit(const Bytes& bytes) {
+  deserialize_all(bytes);
+  snapshot_ = bytes;
+}
+
+void State::sync(int root) {
+  if (!is_initialized() || kolo::size() == 1) return;
+  Communicator& world = runtime().world();
+  if (root < 0 || root >= world.size()) {
+    throw ContractError("kolo elastic State::sync: root " + std::to_string(root) +
+                        " is not a rank of the world of " + std::to_string(world.size()));
+  }
+  Bytes bytes;
+  if (world.rank() == root) bytes = serialize_all();
+  uint64_t size = bytes.size();
+  BroadcastOptions options;
+  options.root = root;
+  world.broadcast(&size, 1, DType::kI64, options);
+  bytes.resize(size);
+  if (size > 0) world.broadcast(bytes.data(), size, DType::kU8, options);
+  if (world.rank() != root) deserialize_all(bytes);
+  // Everyone now holds the same state; it is also the point to return to.
+  snapshot_ = std::move(bytes);
+}
+
+void BufferState::add(const std::string& name, void* data, size_t bytes) {
+  if (data == nullptr && bytes > 0) {
+    throw ContractError("kolo elastic BufferState::add('" + name + "'): null data for " +
+                        std::to_string(bytes) + " bytes");
+  }
+  for (const auto& b : buffers_) {
+    if (b.name == name) {
+      throw ContractError("kolo elastic BufferState::add: '" + name +
+                          "' is already registered; give each buffer its own name");
+    }
+  }
+  buffers_.push_back({name, data, bytes});
+}
+
+Bytes BufferState::serialize() {
+  Bytes out;
+  for (const auto& b : buffers_) {
+    put_u64(out, b.name.size());
+    out.insert(out.end(), b.name.begin(), b.name.end());
+    put_u64(out, b.bytes);
+    const auto* p = static_cast<const uint8_t*>(b.data);
+    out.insert(out.end(), p, p + b.bytes);
+  }
+  return out;
+}
+
+void BufferState::deserialize(const Bytes& bytes) {
+  size_t pos = 0;
+  for (const auto& b : buffers_) {
+    const uint64_t name_bytes = get_u64(bytes, pos, "a buffer name");
+    if (bytes.size() - pos < name_bytes) throw ContractError("kolo elastic state: truncated name");
+    const std::string name(bytes.begin() + static_cast<long>(pos),
+                           bytes.begin() + static_cast<long>(pos + name_bytes));
+    pos += name_bytes;
+    const uint64_t size = get_u64(bytes, pos, "a buffer size");
+    if (name != b.name || size != b.bytes || bytes.size() - pos < size) {
+      throw ContractError("kolo elastic BufferState: the saved state has buffer '" + name + "' (" +
+                          std::to_string(size) + " bytes) where this rank registered '" + b.name +
+                          "' (" + std::to_string(b.bytes) +
+                          " bytes); every rank must add() the same buffers in the same order");
+    }
+    std::memcpy(b.data, bytes.data() + pos, size);
+    pos += size;
+  }
+  if (pos != bytes.size()) {
+    throw ContractError("kolo elastic BufferState: the saved state holds " +
+                        std::to_string(bytes.size() - pos) +
+                        " bytes more than the registered buffers; every rank must add() the "
+                        "same buffers");
+  }
+}
+
+}  // namespace kolo::elastic

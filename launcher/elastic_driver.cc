@@ -1,0 +1,617 @@
+// The elastic driver (elastic_driver.h): one poll() loop over the signalfd and
+// the workers' pipes, woken every kTick to read the rendezvous store's join
+// requests. The store keys are described in core/src/elastic/rendezvous.cc.
+#include "elastic_driver.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <system_error>
+
+#include "elastic_hosts.h"
+#include "job.h"
+#include "kolo/core/store.h"
+#include "ssh_command.h"
+
+namespace kolo::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How often the store is asked for join requests while nothing else happens.
+constexpr auto kTick = std::chrono::milliseconds(10);
+// Longest a discovery script may run.
+constexpr auto kDiscoveryTimeout = std::chrono::seconds(10);
+constexpr size_t kReadChunkBytes = 64 * 1024;
+// After the last worker exits, how long pipes held by stray descendants are read.
+constexpr auto kDrainAfterExit = std::chrono::seconds(2);
+
+Clock::duration seconds_of(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+std::string plural(int n, const std::string& word) {
+  return std::to_string(n) + " " + word + (n == 1 ? "" : "s");
+}
+
+}  // namespace
+
+std::string check_elastic_options(const LaunchOptions& options,
+                                  const std::vector<HostSlots>& hosts) {
+  const int min_np = options.min_np.value_or(options.np.value_or(1));
+  if (options.max_np && min_np > *options.max_np) {
+    return "--min-np " + std::to_string(min_np) + " is more than --max-np " +
+           std::to_string(*options.max_np);
+  }
+  if (options.host_discovery_script.empty()) {
+    int slots = 0;
+    for (const auto& h : hosts) slots += h.slots;
+    if (hosts.empty()) slots = options.max_np.value_or(options.np.value_or(min_np));
+    if (slots < min_np) {
+      return "the hosts offer " + plural(slots, "slot") + " but --min-np is " +
+             std::to_string(min_np) + ": give more slots in -H, or a --host-discovery-script";
+    }
+  }
+  return "";
+}
+
+struct ElasticDriver::Impl {
+  enum class Phase { kStarting, kWaiting, kMember, kExited };
+  struct Worker {
+    int64_t id = 0;
+    std::string host;
+    bool local = true;
+    SpawnedProcess process;
+    Phase phase = Phase::kStarting;
+    bool member_when_exited = false;
+    int status = 0;
+    bool stop_sent = false;
+  };
+
+  ElasticSetup setup;
+  const LaunchOptions& options;
+  OutputRouter& output;
+  std::shared_ptr<Store> store;
+
+  int min_np = 1;
+  int max_np = 1;  // 0 = as many as the hosts offer
+  std::vector<HostSlots> hosts;
+  HostCooldown cooldown;
+  std::vector<Worker> workers;  // index = worker id
+  int64_t round = 0;
+  std::vector<int64_t> members;  // ids of the current round, by rank
+  int64_t events_seen = 0;
+  bool reform = false;
+  std::string reform_reason;
+  int restarts = 0;
+  bool finishing = false;
+  Clock::time_point start;
+  std::optional<Clock::time_point> short_since;
+  Clock::time_point next_discovery;
+  bool discovery_failed_logged = false;
+
+  bool stopping = false;
+  int exit_code = 0;
+  std::string report;
+  std::optional<Clock::time_point> kill_deadline;
+  std::optional<Clock::time_point> drain_deadline;
+
+  Impl(ElasticSetup s, OutputRouter& out, std::shared_ptr<Store> st)
+      : setup(std::move(s)),
+        options(*setup.options),
+        output(out),
+        store(std::move(st)),
+        cooldown(setup.options->cooldown_seconds) {
+    min_np = options.min_np.value_or(options.np.value_or(1));
+    max_np = options.max_np.value_or(options.np.value_or(0));
+    hosts = setup.hosts;
+    if (hosts.empty() && options.host_discovery_script.empty()) {
+      hosts.push_back({"localhost", max_np > 0 ? max_np : min_np});
+    }
+    start = Clock::now();
+    next_discovery = start;
+  }
+
+  void log(const std::string& line) { std::cerr << "kolorun: elastic: " << line << std::endl; }
+
+  bool local_host(const std::string& name) const {
+    return is_local_host(name, setup.this_hostname);
+  }
+  std::string machine_of(const std::string& host) const {
+    return local_host(host) ? "local" : host;
+  }
+  bool alive(const Worker& w) const { return w.phase != Phase::kExited; }
+  int live_count() const {
+    int n = 0;
+    for (const auto& w : workers) n += alive(w) ? 1 : 0;
+    return n;
+  }
+  int live_on(const std::string& host) const {
+    int n = 0;
+    for (const auto& w : workers) n += alive(w) && w.host == host ? 1 : 0;
+    return n;
+  }
+  std::string describe(const Worker& w) const {
+    return "worker " + std::to_string(w.id) + " (pid " + std::to_string(w.process.pid) + " on " +
+           w.host + ")";
+  }
+
+  // ---- starting workers ----
+
+  void discover() {
+    if (options.host_discovery_script.empty()) return;
+    const auto now = Clock::now();
+    if (now < next_discovery) return;
+    next_discovery = now + seconds_of(options.discovery_interval_seconds);
+    try {
+      std::vector<HostSlots> found =
+          run_discovery_script(options.host_discovery_script, kDiscoveryTimeout);
+      if (options.verbose) {
+        std::string line = "discovery:";
+        for (const auto& h : found) line += " " + h.name + ":" + std::to_string(h.slots);
+        log(line);
+      }
+      hosts = std::move(found);
+      discovery_failed_logged = false;
+    } catch (const std::exception& e) {
+      // Keep the last good list: a flaky script must not take the job down.
+      if (!discovery_failed_logged) {
+        log("host discovery script " + options.host_discovery_script + " failed (" + e.what() +
+            "); keeping the last host list");
+      }
+      discovery_failed_logged = true;
+    }
+  }
+
+  int local_slots() const {
+    int n = 0;
+    for (const auto& h : hosts) n += local_host(h.name) ? h.slots : 0;
+    if (max_np > 0) n = std::min(n, max_np);
+    return std::max(1, n);
+  }
+
+  void spawn_on(const std::string& host) {
+    Worker w;
+    w.id = static_cast<int64_t>(workers.size());
+    w.host = host;
+    w.local = local_host(host);
+    Placement p;
+    p.rank = static_cast<int>(w.id);
+    p.host = host;
+    p.local = w.local;
+    p.local_size = w.local ? local_slots() : 1;
+    JobInfo job = setup.job;
+    job.elastic = true;
+    job.extra.push_back({"KOLO_WORKER_ID", std::to_string(w.id)});
+    job.extra.push_back({"KOLO_ELASTIC_HOST", host});
+    JobPlan plan;
+    plan.program_path = setup.program_path;
+    SpawnRequest request = worker_request(plan, options, p, job, setup.parent_environ,
+                                          process_parent_env(), setup.working_dir);
+    output.grow(static_cast<int>(w.id) + 1);
+    if (options.verbose) log("starting worker " + std::to_string(w.id) + " on " + host);
+    try {
+      w.process = spawn_process(request);
+    } catch (const std::system_error& e) {
+      w.phase = Phase::kExited;
+      workers.push_back(w);
+      const double s = cooldown.record_failure(host, Clock::now());
+      log("cannot start worker " + std::to_string(w.id) + " on " + host + ": " + e.what() +
+          "; host " + host + " set aside for " + format_seconds(s) + " s");
+      return;
+    }
+    workers.push_back(w);
+  }
+
+  // Starts workers on free slots of available hosts, up to max_np alive.
+  void fill_slots() {
+    if (stopping || finishing) return;
+    const auto now = Clock::now();
+    for (const auto& h : hosts) {
+      if (!cooldown.available(h.name, now)) continue;
+      int free = h.slots - live_on(h.name);
+      while (free > 0 && (max_np == 0 || live_count() < max_np)) {
+        spawn_on(h.name);
+        --free;
+      }
+    }
+  }
+
+  // ---- the rendezvous ----
+
+  void read_join_requests() {
+    int64_t events = 0;
+    try {
+      events = store->add("elastic/events", 0);
+    } catch (const std::exception& e) {
+      stop(1, "kolorun: elastic: lost its own rendezvous store: " + std::string(e.what()));
+      return;
+    }
+    if (events == events_seen) return;
+    events_seen = events;
+    for (auto& w : workers) {
+      if (!alive(w)) continue;
+      const std::string key = "elastic/join/" + std::to_string(w.id);
+      if (!store->check({key})) continue;
+      const std::string text = to_string(store->get(key, std::chrono::milliseconds(0)));
+      store->erase(key);
+      std::istringstream in(text);
+      int64_t after = 0;
+      in >> after;
+      std::string reason;
+      std::getline(in, reason);
+      std::getline(in, reason);
+      if (w.phase == Phase::kStarting) {
+        w.phase = Phase::kWaiting;
+        if (options.verbose) log(describe(w) + " is ready to join");
+      } else if (w.phase == Phase::kMember && after >= round) {
+        // A member of the current round left it without a death kolorun saw:
+        // a fault (a timeout, a lost connection). Re-form with the live workers.
+        if (!reform) {
+          reform = true;
+          reform_reason = describe(w) + " left round " + std::to_string(round) + ": " + reason;
+        }
+      }
+    }
+  }
+
+  void publish(const std::vector<int64_t>& ids, const std::string& why) {
+    ++round;
+    std::string text =
+        "kolo-round " + std::to_string(round) + " " + std::to_string(ids.size()) + "\n";
+    for (int64_t id : ids) {
+      const Worker& w = workers[static_cast<size_t>(id)];
+      text += std::to_string(id) + " " + machine_of(w.host) + " " + w.host + "\n";
+    }
+    store->set("elastic/round/" + std::to_string(round), to_bytes(text));
+    store->set("elastic/latest", to_bytes(std::to_string(round)));
+    for (int64_t id : members) {
+      Worker& w = workers[static_cast<size_t>(id)];
+      if (alive(w)) w.phase = Phase::kWaiting;
+    }
+    members = ids;
+    for (int64_t id : ids) workers[static_cast<size_t>(id)].phase = Phase::kMember;
+    std::string list;
+    for (int64_t id : ids) list += (list.empty() ? "" : ",") + std::to_string(id);
+    log("round " + std::to_string(round) + ": " + plural(static_cast<int>(ids.size()), "worker") +
+        " (ids " + list + ")" + (why.empty() ? "" : "; " + why));
+    reform = false;
+    reform_reason.clear();
+    short_since.reset();
+  }
+
+  // The next round's members: live members in their rank order, then the
+  // workers waiting to join by id; at most max_np.
+  std::vector<int64_t> candidates() const {
+    std::vector<int64_t> ids;
+    for (int64_t id : members) {
+      if (alive(workers[static_cast<size_t>(id)])) ids.push_back(id);
+    }
+    for (const auto& w : workers) {
+      if (w.phase == Phase::kWaiting && std::find(ids.begin(), ids.end(), w.id) == ids.end()) {
+        ids.push_back(w.id);
+      }
+    }
+    if (max_np > 0 && static_cast<int>(ids.size()) > max_np) ids.resize(max_np);
+    return ids;
+  }
+
+  bool any_waiting() const {
+    for (const auto& w : workers) {
+      if (w.phase == Phase::kWaiting) return true;
+    }
+    return false;
+  }
+
+  void decide() {
+    if (stopping) return;
+    const auto now = Clock::now();
+    if (finishing) {
+      for (auto& w : workers) {
+        if (alive(w) && w.phase != Phase::kMember && !w.stop_sent) stop_worker(w, SIGTERM);
+      }
+      return;
+    }
+    if (round == 0) {
+      int waiting = 0, starting = 0;
+      for (const auto& w : workers) {
+        waiting += w.phase == Phase::kWaiting ? 1 : 0;
+        starting += w.phase == Phase::kStarting ? 1 : 0;
+      }
+      const bool timed_out = now - start >= seconds_of(options.elastic_timeout_seconds);
+      if (waiting >= min_np && (starting == 0 || timed_out)) {
+        publish(candidates(), "");
+      } else if (timed_out) {
+        stop(1, "kolorun: elastic: only " + plural(waiting, "worker") + " of the " +
+                    std::to_string(min_np) + " needed (--min-np) joined within --elastic-timeout " +
+                    format_seconds(options.elastic_timeout_seconds) +
+                    " s; check the hosts and the discovery script (kolorun -v shows them)");
+      }
+      return;
+    }
+    if (!reform && !any_waiting()) return;
+    const std::vector<int64_t> next = candidates();
+    const bool grows = !reform && next.size() > members.size();
+    if (!reform && !grows) return;  // waiting workers but no room (max_np)
+    if (static_cast<int>(next.size()) >= min_np) {
+      publish(next, reform ? reform_reason : "workers joining");
+      return;
+    }
+    if (!short_since) {
+      short_since = now;
+      log(plural(static_cast<int>(next.size()), "worker") + " left, " + std::to_string(min_np) +
+          " needed (--min-np); waiting up to " + format_seconds(options.elastic_timeout_seconds) +
+          " s (--elastic-timeout) for more slots");
+    }
+    if (now - *short_since >= seconds_of(options.elastic_timeout_seconds)) {
+      stop(1, "kolorun: elastic: too few workers to continue: " + std::to_string(min_np) +
+                  " needed (--min-np " + std::to_string(min_np) + "), " +
+                  std::to_string(next.size()) + " left after " + reform_reason +
+                  "; no more slots appeared within --elastic-timeout " +
+                  format_seconds(options.elastic_timeout_seconds) + " s");
+    }
+  }
+
+  // ---- exits ----
+
+  void on_exit(Worker& w, int status) {
+    const bool was_member = w.phase == Phase::kMember;
+    w.phase = Phase::kExited;
+    w.member_when_exited = was_member;
+    w.status = status;
+    if (w.process.stdin_fd >= 0) {
+      close(w.process.stdin_fd);
+      w.process.stdin_fd = -1;
+    }
+    if (stopping) return;
+    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (finishing) {
+      if (was_member && !ok) {
+        stop(exit_code_of(status), "kolorun: elastic: " + describe(w) + " " +
+                                       describe_status(status) + " after training had finished " +
+                                       "on another worker");
+      }
+      return;
+    }
+    if (was_member && ok) {
+      finishing = true;  // training is over; the other members follow
+      return;
+    }
+    if (w.stop_sent) return;
+    const auto now = Clock::now();
+    const double set_aside = cooldown.record_failure(w.host, now);
+    const std::string aside = "host " + w.host + " set aside for " + format_seconds(set_aside) +
+                              " s (failure " + std::to_string(cooldown.failures(w.host)) + ")";
+    if (!was_member) {
+      log(describe(w) + " " + describe_status(status) + " before joining; " + aside);
+      return;
+    }
+    ++restarts;
+    const std::string what = describe(w) + " " + describe_status(status);
+    if (restarts > options.max_restarts) {
+      stop(exit_code_of(status),
+           "kolorun: elastic: " + what + "; the world was already re-formed " +
+               plural(options.max_restarts, "time") + " after failures (--max-restarts " +
+               std::to_string(options.max_restarts) + ")");
+      return;
+    }
+    log(what + " (restart " + std::to_string(restarts) + " of " +
+        std::to_string(options.max_restarts) + "); " + aside);
+    reform = true;
+    reform_reason = what;
+  }
+
+  static int exit_code_of(int status) {
+    if (WIFEXITED(status)) return WEXITSTATUS(status) == 0 ? 1 : WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+    return 1;
+  }
+
+  void reap() {
+    for (;;) {
+      siginfo_t info{};
+      if (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) return;
+      const pid_t pid = info.si_pid;
+      Worker* worker = nullptr;
+      for (auto& w : workers) {
+        if (w.process.pid == pid && alive(w)) worker = &w;
+      }
+      // While the exited leader is an unreaped zombie its group id cannot be
+      // reused: kill what it left in its group first, then reap it.
+      if (worker != nullptr) kill(-pid, SIGKILL);
+      int status = 0;
+      pid_t got;
+      do {
+        got = waitpid(pid, &status, 0);
+      } while (got < 0 && errno == EINTR);
+      if (worker != nullptr && got == pid) on_exit(*worker, status);
+    }
+  }
+
+  // ---- stopping ----
+
+  void stop(int code, const std::string& why) {
+    if (stopping) return;
+    stopping = true;
+    exit_code = code;
+    report = why;
+    kill_deadline = Clock::now() + seconds_of(options.grace_seconds);
+    for (auto& w : workers) stop_worker(w, SIGTERM);
+  }
+
+  void stop_worker(Worker& w, int signal_number) {
+    if (!alive(w)) return;
+    if (!w.local) {
+      if (w.process.stdin_fd >= 0) {
+        close(w.process.stdin_fd);
+        w.process.stdin_fd = -1;
+      }
+    } else {
+      kill(-w.process.pid, signal_number);
+    }
+    w.stop_sent = true;
+  }
+
+  void handle_signals() {
+    signalfd_siginfo info;
+    while (read(setup.signal_fd, &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info))) {
+      const int sig = static_cast<int>(info.ssi_signo);
+      if (sig == SIGCHLD) continue;
+      if (stopping) {
+        for (auto& w : workers) {
+          if (alive(w)) kill(-w.process.pid, SIGKILL);
+        }
+        continue;
+      }
+      stop(128 + sig, "kolorun: received " + signal_name(sig) + "; stopped " +
+                          plural(live_count(), "running worker"));
+    }
+  }
+
+  // ---- output ----
+
+  void pump(Worker& w, Stream stream) {
+    int& fd = stream == Stream::kStdout ? w.process.stdout_fd : w.process.stderr_fd;
+    char buffer[kReadChunkBytes];
+    for (int reads = 0; fd >= 0 && reads < 16; ++reads) {
+      ssize_t n = read(fd, buffer, sizeof(buffer));
+      if (n > 0) {
+        output.feed(static_cast<int>(w.id), stream, buffer, static_cast<size_t>(n));
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && errno == EAGAIN) {
+        return;
+      } else {
+        close_output(w, stream);
+      }
+    }
+  }
+
+  void close_output(Worker& w, Stream stream) {
+    int& fd = stream == Stream::kStdout ? w.process.stdout_fd : w.process.stderr_fd;
+    if (fd < 0) return;
+    close(fd);
+    fd = -1;
+    output.flush(static_cast<int>(w.id), stream);
+  }
+
+  bool any_output_open() const {
+    for (const auto& w : workers) {
+      if (w.process.stdout_fd >= 0 || w.process.stderr_fd >= 0) return true;
+    }
+    return false;
+  }
+
+  bool done() const { return (stopping || finishing) && live_count() == 0 && !any_output_open(); }
+
+  void step() {
+    auto now = Clock::now();
+    Clock::duration wait = kTick;
+    if (options.job_timeout_seconds && !stopping &&
+        now - start >= seconds_of(*options.job_timeout_seconds)) {
+      stop(124, "kolorun: the job ran longer than --job-timeout " +
+                    format_seconds(*options.job_timeout_seconds) + " s; stopped " +
+                    plural(live_count(), "running worker"));
+    }
+    if (kill_deadline && now >= *kill_deadline) {
+      for (auto& w : workers) {
+        if (alive(w)) kill(-w.process.pid, SIGKILL);
+      }
+      kill_deadline.reset();
+    }
+    if (live_count() == 0 && any_output_open()) {
+      if (!drain_deadline) drain_deadline = now + kDrainAfterExit;
+      if (now >= *drain_deadline) {
+        for (auto& w : workers) {
+          close_output(w, Stream::kStdout);
+          close_output(w, Stream::kStderr);
+        }
+        return;
+      }
+    }
+    std::vector<pollfd> fds;
+    std::vector<std::pair<size_t, Stream>> owners;
+    fds.push_back({setup.signal_fd, POLLIN, 0});
+    owners.emplace_back(0, Stream::kStdout);
+    for (size_t i = 0; i < workers.size(); ++i) {
+      const auto& p = workers[i].process;
+      if (p.stdout_fd >= 0) {
+        fds.push_back({p.stdout_fd, POLLIN, 0});
+        owners.emplace_back(i, Stream::kStdout);
+      }
+      if (p.stderr_fd >= 0) {
+        fds.push_back({p.stderr_fd, POLLIN, 0});
+        owners.emplace_back(i, Stream::kStderr);
+      }
+    }
+    const int timeout_ms =
+        static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(wait).count());
+    int ready = poll(fds.data(), fds.size(), timeout_ms);
+    if (ready > 0) {
+      if (fds[0].revents != 0) handle_signals();
+      for (size_t k = 1; k < fds.size(); ++k) {
+        if (fds[k].revents != 0) pump(workers[owners[k].first], owners[k].second);
+      }
+    }
+    reap();
+  }
+
+  Outcome run() {
+    if (!options.host_discovery_script.empty()) {
+      discover();
+      if (hosts.empty()) {
+        log("the discovery script offered no hosts yet; waiting up to " +
+            format_seconds(options.elastic_timeout_seconds) + " s");
+      }
+    }
+    fill_slots();
+    while (!done()) {
+      step();
+      if (!stopping) {
+        discover();
+        fill_slots();
+        read_join_requests();
+        reap();
+        decide();
+      }
+      if (!stopping && !finishing && round == 0 && live_count() == 0 &&
+          Clock::now() - start >= seconds_of(options.elastic_timeout_seconds)) {
+        stop(1, "kolorun: elastic: no worker could be started within --elastic-timeout " +
+                    format_seconds(options.elastic_timeout_seconds) + " s");
+      }
+      if (stopping && live_count() == 0 && !any_output_open()) break;
+    }
+    Outcome outcome;
+    outcome.exit_code = exit_code;
+    outcome.report = report;
+    return outcome;
+  }
+};
+
+ElasticDriver::ElasticDriver(ElasticSetup setup, OutputRouter& output, std::shared_ptr<Store> store)
+    : impl_(std::make_unique<Impl>(std::move(setup), output, std::move(store))) {}
+
+ElasticDriver::~ElasticDriver() {
+  for (auto& w : impl_->workers) {
+    if (impl_->alive(w)) {
+      kill(-w.process.pid, SIGKILL);
+      waitpid(w.process.pid, nullptr, 0);
+    }
+    for (int fd : {w.process.stdout_fd, w.process.stderr_fd, w.process.stdin_fd}) {
+      if (fd >= 0) close(fd);
+    }
+  }
+}
+
+Outcome ElasticDriver::run() { return impl_->run(); }
+
+}  // namespace kolo::launcher

@@ -1,0 +1,203 @@
+// Elastic pieces that need no processes: the round text kolorun publishes,
+// State commit/restore (memory and file), the discovery script's output and
+// the host cooldown.
+#include "kolo/core/elastic.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "elastic_hosts.h"
+
+namespace kolo {
+namespace {
+
+using elastic::Membership;
+
+const std::string kRound =
+    "kolo-round 7 4\n"
+    "12 local localhost\n"
+    "3 nodeb nodeb\n"
+    "5 local 127.0.0.2\n"
+    "9 nodeb nodeb\n";
+
+TEST(ElasticMembership, PlacementFollowsMachinesInRankOrder) {
+  Membership m = Membership::parse(kRound, 5);
+  EXPECT_EQ(m.round, 7);
+  EXPECT_EQ(m.size, 4);
+  EXPECT_EQ(m.rank, 2);
+  EXPECT_EQ(m.local_rank, 1);  // second rank on the local machine (two aliases, one machine)
+  EXPECT_EQ(m.local_size, 2);
+  EXPECT_EQ(m.cross_rank, 0);
+  EXPECT_EQ(m.cross_size, 2);
+  EXPECT_EQ(m.worker_ids, (std::vector<int64_t>{12, 3, 5, 9}));
+  Membership b = Membership::parse(kRound, 9);
+  EXPECT_EQ(b.rank, 3);
+  EXPECT_EQ(b.local_rank, 1);
+  EXPECT_EQ(b.cross_rank, 1);
+  EXPECT_TRUE(Membership::contains(kRound, 3));
+  EXPECT_FALSE(Membership::contains(kRound, 4));
+  EXPECT_THROW(Membership::parse(kRound, 4), ContractError);
+}
+
+TEST(ElasticMembership, MalformedRoundsAreFaults) {
+  EXPECT_THROW(Membership::parse("nonsense", 1), RuntimeFault);
+  EXPECT_THROW(Membership::parse("kolo-round 1 3\n1 local a\n", 1), RuntimeFault);
+}
+
+TEST(ElasticState, CommitRestoreAndFile) {
+  char dir[] = "/tmp/kolo-state-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/commit.bin";
+  double w[3] = {1, 2, 3};
+  int64_t seen = 5;
+  elastic::BufferState state(elastic::State::Options{path});
+  state.add("w", w, sizeof(w));
+  state.add("seen", &seen, sizeof(seen));
+  EXPECT_THROW(state.add("w", w, sizeof(w)), ContractError);
+  state.restore();  // nothing committed yet: no change
+  EXPECT_EQ(w[0], 1);
+  state.epoch = 2;
+  state.batch = 7;
+  state.commit();
+  EXPECT_EQ(state.commit_count(), 1);
+  w[0] = 100;
+  seen = 9;
+  state.epoch = 3;
+  state.batch = 1;
+  state.restore();
+  EXPECT_EQ(w[0], 1);
+  EXPECT_EQ(seen, 5);
+  EXPECT_EQ(state.epoch, 2);
+  EXPECT_EQ(state.batch, 7);
+  std::ifstream file(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(Bytes(bytes.begin(), bytes.end()), state.committed());
+  // Reset callbacks run in order.
+  std::string calls;
+  state.on_reset([&] { calls += "a"; });
+  state.on_reset([&] { calls += "b"; });
+  state.run_reset_callbacks();
+  EXPECT_EQ(calls, "ab");
+}
+
+TEST(ElasticState, ACommitOfDifferentBuffersIsAContractError) {
+  double a[2] = {1, 2};
+  elastic::BufferState one;
+  one.add("a", a, sizeof(a));
+  one.epoch = 4;
+  one.commit();
+  double c[2] = {0, 0};
+  elastic::BufferState same;
+  same.add("a", c, sizeof(c));
+  same.load_commit(one.committed());
+  EXPECT_EQ(c[1], 2);
+  EXPECT_EQ(same.epoch, 4);
+  float b[2] = {0, 0};
+  elastic::BufferState other;
+  other.add("b", b, sizeof(b));
+  try {
+    other.load_commit(one.committed());
+    FAIL() << "expected a ContractError";
+  } catch (const ContractError& e) {
+    EXPECT_NE(std::string(e.what()).find("buffer 'a' (16 bytes) where this rank registered 'b'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ElasticRun, OutsideElasticModeRunIsInitAndTrain) {
+  elastic::BufferState state;
+  int calls = 0;
+  InitOptions options;
+  options.env = map_env({});
+  elastic::RunOptions run_options;
+  run_options.init = options;
+  elastic::run(
+      state, [&] { ++calls; }, run_options);
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(is_initialized());
+  EXPECT_EQ(size(), 1);
+  shutdown();
+}
+
+TEST(ElasticRendezvous, OptionsNeedKolorunsVariables) {
+  EXPECT_FALSE(elastic::Rendezvous::enabled(map_env({})));
+  EXPECT_TRUE(elastic::Rendezvous::enabled(map_env({{"KOLO_ELASTIC", "1"}})));
+  try {
+    elastic::Rendezvous::from_env(map_env({{"KOLO_ELASTIC", "1"}}));
+    FAIL() << "expected a ContractError";
+  } catch (const ContractError& e) {
+    EXPECT_NE(std::string(e.what()).find("KOLO_STORE_ADDR is not set"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+
+namespace launcher {
+namespace {
+
+TEST(ElasticHosts, DiscoveryOutputIsParsedStrictly) {
+  auto hosts = parse_discovery_output("# comment\nnode1:4\n\n  node2  \n127.0.0.2:1\n");
+  ASSERT_EQ(hosts.size(), 3u);
+  EXPECT_EQ(hosts[0].name, "node1");
+  EXPECT_EQ(hosts[0].slots, 4);
+  EXPECT_EQ(hosts[1].name, "node2");
+  EXPECT_EQ(hosts[1].slots, 1);
+  EXPECT_EQ(hosts[2].name, "127.0.0.2");
+  EXPECT_THROW(parse_discovery_output("node1:0\n"), std::runtime_error);
+  EXPECT_THROW(parse_discovery_output("node1:x\n"), std::runtime_error);
+  EXPECT_THROW(parse_discovery_output("a:1\na:2\n"), std::runtime_error);
+  try {
+    parse_discovery_output("good:1\nbad:-1\n");
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("line 2 'bad:-1'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ElasticHosts, DiscoveryScriptRunsAndItsFailuresAreNamed) {
+  char dir[] = "/tmp/kolo-discovery-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string good = std::string(dir) + "/good.sh", bad = std::string(dir) + "/bad.sh";
+  std::ofstream(good) << "#!/bin/sh\necho a:2\necho b\n";
+  std::ofstream(bad) << "#!/bin/sh\necho 'no hosts today' >&2\nexit 3\n";
+  chmod(good.c_str(), 0755);
+  chmod(bad.c_str(), 0755);
+  auto hosts = run_discovery_script(good, std::chrono::seconds(10));
+  ASSERT_EQ(hosts.size(), 2u);
+  EXPECT_EQ(hosts[0].slots, 2);
+  try {
+    run_discovery_script(bad, std::chrono::seconds(10));
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("exited with code 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no hosts today"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ElasticHosts, CooldownDoublesPerFailureAndEnds) {
+  using Clock = HostCooldown::Clock;
+  HostCooldown cooldown(2.0);
+  const Clock::time_point t0 = Clock::now();
+  EXPECT_TRUE(cooldown.available("a", t0));
+  EXPECT_DOUBLE_EQ(cooldown.record_failure("a", t0), 2.0);
+  EXPECT_FALSE(cooldown.available("a", t0 + std::chrono::seconds(1)));
+  EXPECT_TRUE(cooldown.available("a", t0 + std::chrono::seconds(2)));
+  EXPECT_DOUBLE_EQ(cooldown.record_failure("a", t0), 4.0);
+  EXPECT_DOUBLE_EQ(cooldown.record_failure("a", t0), 8.0);
+  EXPECT_EQ(cooldown.failures("a"), 3);
+  EXPECT_TRUE(cooldown.available("b", t0));
+  for (int i = 0; i < 20; ++i) cooldown.record_failure("a", t0);
+  EXPECT_DOUBLE_EQ(cooldown.record_failure("a", t0), kMaxCooldownSeconds);
+  Clock::time_point when;
+  ASSERT_TRUE(cooldown.next_release(t0, &when));
+  EXPECT_GT(when, t0);
+}
+
+}  // namespace
+}  // namespace launcher
+}  // namespace kolo
