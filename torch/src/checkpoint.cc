@@ -271,18 +271,10 @@ void set_default_generator_state(const std::string& state) {
 
 namespace {
 
+using detail::bytes_tensor;
+using detail::tensor_bytes;
+
 constexpr int64_t kPayloadFormat = 1;
-
-torch::Tensor bytes_tensor(const std::string& bytes) {
-  torch::Tensor t = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kByte);
-  if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-  return t;
-}
-
-std::string tensor_bytes(const torch::Tensor& t) {
-  const torch::Tensor c = t.contiguous();
-  return std::string(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.nbytes()));
-}
 
 int64_t read_int(torch::serialize::InputArchive& archive, const std::string& key,
                  const std::string& source) {

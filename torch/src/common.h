@@ -31,6 +31,11 @@ struct SetPosition {
 SetPosition set_position(Engine& engine, int process_set, const std::string& name,
                          const CallOptions& options);
 
+// Bytes as a 1-D kByte tensor (an archive stores tensors, not strings), and
+// a tensor's bytes back (made contiguous first).
+torch::Tensor bytes_tensor(const std::string& bytes);
+std::string tensor_bytes(const torch::Tensor& t);
+
 // Serialised form of an archive (torch's zip format) and back.
 std::string archive_to_bytes(torch::serialize::OutputArchive& archive);
 void archive_from_bytes(const std::string& bytes, torch::serialize::InputArchive& archive);

@@ -458,6 +458,17 @@ SetPosition set_position(Engine& engine, int process_set, const std::string& nam
   return position;
 }
 
+torch::Tensor bytes_tensor(const std::string& bytes) {
+  torch::Tensor t = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kByte);
+  if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+std::string tensor_bytes(const torch::Tensor& t) {
+  const torch::Tensor c = t.contiguous();
+  return std::string(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.nbytes()));
+}
+
 std::string archive_to_bytes(torch::serialize::OutputArchive& archive) {
   std::string bytes;
   archive.save_to([&bytes](const void* data, size_t size) -> size_t {

@@ -39,6 +39,8 @@ using detail::ZeroBucket;
 using detail::ZeroParam;
 using detail::ZeroPiece;
 using detail::ZeroState;
+using detail::bytes_tensor;
+using detail::tensor_bytes;
 
 [[noreturn]] void fail(const std::string& source, const std::string& what) {
   throw ContractError("ZeRO checkpoint " + source + ": " + what);
@@ -50,17 +52,6 @@ std::string shard_file(int rank, int world) {
 
 std::string join(const std::string& dir, const std::string& file) {
   return (std::filesystem::path(dir) / file).string();
-}
-
-torch::Tensor bytes_tensor(const std::string& bytes) {
-  torch::Tensor t = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kByte);
-  if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-  return t;
-}
-
-std::string tensor_bytes(const torch::Tensor& t) {
-  const torch::Tensor c = t.contiguous();
-  return std::string(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.nbytes()));
 }
 
 int64_t read_int(torch::serialize::InputArchive& a, const std::string& key,
