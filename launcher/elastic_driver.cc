@@ -20,6 +20,7 @@
 #include "elastic_hosts.h"
 #include "job.h"
 #include "kolo/core/store.h"
+#include "spawn.h"
 #include "ssh_command.h"
 
 namespace kolo::launcher {
@@ -425,15 +426,11 @@ struct ElasticDriver::Impl {
       for (auto& w : workers) {
         if (w.process.pid == pid && alive(w)) worker = &w;
       }
-      // While the exited leader is an unreaped zombie its group id cannot be
-      // reused: kill what it left in its group first, then reap it.
-      if (worker != nullptr) kill(-pid, SIGKILL);
+      // A worker's leftovers in its group go with it (spawn.h).
       int status = 0;
-      pid_t got;
-      do {
-        got = waitpid(pid, &status, 0);
-      } while (got < 0 && errno == EINTR);
-      if (worker != nullptr && got == pid) on_exit(*worker, status);
+      if (reap_group_leader(pid, worker != nullptr, &status) && worker != nullptr) {
+        on_exit(*worker, status);
+      }
     }
   }
 

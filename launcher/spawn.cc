@@ -153,4 +153,13 @@ std::string signal_name(int signal_number) {
   return std::string("SIG") + abbrev;
 }
 
+bool reap_group_leader(pid_t pid, bool kill_group, int* status) {
+  if (kill_group) kill(-pid, SIGKILL);
+  pid_t got;
+  do {
+    got = waitpid(pid, status, 0);
+  } while (got < 0 && errno == EINTR);
+  return got == pid;
+}
+
 }  // namespace kolo::launcher

@@ -37,6 +37,13 @@ SpawnedProcess spawn_process(const SpawnRequest& request);
 // are searched in PATH). Returns the path, or "" when no executable file exists.
 std::string find_executable(const std::string& program, const std::string& path_variable);
 
+// Reaps the exited group leader `pid` (waitpid, retried on EINTR). With
+// `kill_group`, first SIGKILLs what it left in its process group: while the
+// leader is an unreaped zombie its group id cannot be reused, so the group is
+// still addressable. Returns true, with the wait status in *status, when `pid`
+// was reaped.
+bool reap_group_leader(pid_t pid, bool kill_group, int* status);
+
 // The name of a signal ("SIGKILL"), or "signal N" when unknown.
 std::string signal_name(int signal_number);
 

@@ -17,6 +17,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "spawn.h"
 #include "worker_env.h"
 
 namespace kolo::launcher {
@@ -206,15 +207,11 @@ void Supervisor::reap() {
     for (auto& w : workers_) {
       if (w.info.process.pid == pid && !w.exited) worker = &w;
     }
-    // While the exited leader is an unreaped zombie its group id cannot be
-    // reused: kill what it left behind in its group first, then reap it.
-    if (worker != nullptr) kill(-pid, SIGKILL);
+    // A worker's leftovers in its group go with it (spawn.h).
     int status = 0;
-    pid_t got;
-    do {
-      got = waitpid(pid, &status, 0);
-    } while (got < 0 && errno == EINTR);
-    if (worker != nullptr && got == pid) on_exit(*worker, status);
+    if (reap_group_leader(pid, worker != nullptr, &status) && worker != nullptr) {
+      on_exit(*worker, status);
+    }
   }
 }
 
