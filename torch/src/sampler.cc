@@ -44,8 +44,12 @@ DistributedSampler::DistributedSampler(size_t dataset_size,
 void DistributedSampler::build_indices() {
   const size_t n = dataset_size_;
   const size_t ranks = static_cast<size_t>(world_size_);
+  // Only order[start..n) is sharded (set_epoch_start); start = 0 but for
+  // elastic re-sharding. `m` samples remain.
+  const size_t start = std::min(static_cast<size_t>(epoch_start_), n);
+  const size_t m = n - start;
   // Per-rank samples as in PyTorch: drop_last with a ragged tail drops it.
-  const size_t per_rank = drop_last_ ? n / ranks : (n + ranks - 1) / ranks;
+  const size_t per_rank = drop_last_ ? m / ranks : (m + ranks - 1) / ranks;
   const size_t total = per_rank * ranks;
 
   std::vector<size_t> order(n);
@@ -59,9 +63,10 @@ void DistributedSampler::build_indices() {
   } else {
     std::iota(order.begin(), order.end(), size_t{0});
   }
+  order.erase(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(start));
   // Pad by repeating the order from its start (drop_last = false), or cut the tail.
-  if (total > n) {
-    for (size_t i = n; i < total; ++i) order.push_back(order[(i - n) % n]);
+  if (total > m) {
+    for (size_t i = m; i < total; ++i) order.push_back(order[(i - m) % m]);
   } else {
     order.resize(total);
   }
@@ -73,6 +78,7 @@ void DistributedSampler::build_indices() {
 void DistributedSampler::set_epoch(int64_t epoch) {
   position_.epoch = epoch;
   position_.next_index = 0;
+  epoch_start_ = 0;
   keep_position_on_reset_ = false;
   build_indices();
 }
@@ -80,6 +86,7 @@ void DistributedSampler::set_epoch(int64_t epoch) {
 void DistributedSampler::set_position(const SamplerPosition& position) {
   if (position.epoch != position_.epoch) {
     position_.epoch = position.epoch;
+    epoch_start_ = 0;
     build_indices();
   }
   if (position.next_index < 0 || static_cast<size_t>(position.next_index) > indices_.size()) {
@@ -92,6 +99,23 @@ void DistributedSampler::set_position(const SamplerPosition& position) {
   }
   position_.next_index = position.next_index;
   keep_position_on_reset_ = true;
+}
+
+void DistributedSampler::set_epoch_start(int64_t start) {
+  if (start < 0 || static_cast<size_t>(start) > dataset_size_) {
+    throw ContractError("kolo::DistributedSampler::set_epoch_start: start " +
+                        std::to_string(start) + " is outside 0.." + std::to_string(dataset_size_) +
+                        " (samples of the epoch an earlier world took, at most the dataset size)");
+  }
+  epoch_start_ = start;
+  position_.next_index = 0;
+  keep_position_on_reset_ = false;
+  build_indices();
+}
+
+int64_t DistributedSampler::consumed() const {
+  const int64_t taken = epoch_start_ + position_.next_index * static_cast<int64_t>(world_size_);
+  return std::min(taken, static_cast<int64_t>(dataset_size_));
 }
 
 void DistributedSampler::reset(torch::optional<size_t> new_size) {
@@ -133,6 +157,7 @@ int64_t read_int(torch::serialize::InputArchive& archive, const std::string& key
 void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
   archive.write("kolo_sampler/epoch", c10::IValue(position_.epoch));
   archive.write("kolo_sampler/next_index", c10::IValue(position_.next_index));
+  archive.write("kolo_sampler/epoch_start", c10::IValue(epoch_start_));
   archive.write("kolo_sampler/dataset_size", c10::IValue(static_cast<int64_t>(dataset_size_)));
   archive.write("kolo_sampler/rank", c10::IValue(static_cast<int64_t>(rank_)));
   archive.write("kolo_sampler/size", c10::IValue(static_cast<int64_t>(world_size_)));
@@ -162,6 +187,15 @@ void DistributedSampler::load(torch::serialize::InputArchive& archive) {
   SamplerPosition position;
   position.epoch = read_int(archive, "kolo_sampler/epoch");
   position.next_index = read_int(archive, "kolo_sampler/next_index");
+  // Archives written before epoch_start existed have none: 0.
+  c10::IValue start;
+  const int64_t epoch_start =
+      archive.try_read("kolo_sampler/epoch_start", start) && start.isInt() ? start.toInt() : 0;
+  if (position.epoch != position_.epoch || epoch_start != epoch_start_) {
+    position_.epoch = position.epoch;
+    epoch_start_ = epoch_start;
+    build_indices();
+  }
   set_position(position);
 }
 

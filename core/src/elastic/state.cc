@@ -33,9 +33,23 @@ State::State() = default;
 State::State(Options options) : options_(std::move(options)) {}
 State::~State() = default;
 
+int State::world_rank() const {
+  if (options_.world != nullptr) return options_.world->rank();
+  return is_initialized() ? kolo::rank() : 0;
+}
+
+int State::world_size() const {
+  if (options_.world != nullptr) return options_.world->size();
+  return is_initialized() ? kolo::size() : 1;
+}
+
 void State::attach(Rendezvous* rendezvous, int64_t round) {
   rendezvous_ = rendezvous;
   round_ = round;
+}
+
+Communicator& State::world() {
+  return options_.world != nullptr ? *options_.world : runtime().world();
 }
 
 void State::on_reset(std::function<void()> callback) {
@@ -67,7 +81,7 @@ void State::deserialize_all(const Bytes& bytes) {
 void State::commit() {
   snapshot_ = serialize_all();
   ++commit_count_;
-  const bool rank0 = !is_initialized() || kolo::rank() == 0;
+  const bool rank0 = world_rank() == 0;
   if (!options_.commit_path.empty() && rank0) {
     const std::string tmp = options_.commit_path + ".tmp";
     {
@@ -85,13 +99,13 @@ void State::commit() {
                           options_.commit_path + ": " + std::strerror(errno));
     }
   }
-  if (rendezvous_ == nullptr || !is_initialized()) return;
+  if (rendezvous_ == nullptr || (options_.world == nullptr && !is_initialized())) return;
   // Every member must decide alike: rank 0 asks kolorun, the others follow.
-  int64_t latest = kolo::rank() == 0 ? rendezvous_->latest_round() : 0;
-  if (kolo::size() > 1) {
+  int64_t latest = world_rank() == 0 ? rendezvous_->latest_round() : 0;
+  if (world_size() > 1) {
     BroadcastOptions options;
     options.root = 0;
-    runtime().world().broadcast(&latest, 1, DType::kI64, options);
+    world().broadcast(&latest, 1, DType::kI64, options);
   }
   if (latest > round_) {
     throw MembershipChanged("kolorun formed round " + std::to_string(latest) +
@@ -112,8 +126,8 @@ void State::load_commit(const Bytes& bytes) {
 }
 
 void State::sync(int root) {
-  if (!is_initialized() || kolo::size() == 1) return;
-  Communicator& world = runtime().world();
+  if (world_size() == 1) return;
+  Communicator& world = this->world();
   if (root < 0 || root >= world.size()) {
     throw ContractError("kolo elastic State::sync: root " + std::to_string(root) +
                         " is not a rank of the world of " + std::to_string(world.size()));

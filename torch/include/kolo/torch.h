@@ -6,6 +6,7 @@
 //   double loss = kolo::metric_average(local, "loss");  // kolo/torch/metrics.h
 //   kolo::DistributedOptimizer opt(adam, model->named_parameters());  // kolo/torch/optimizer.h
 //   kolo::ZeroOptimizer zero(adam, *model, {});         // kolo/torch/zero.h (sharded)
+//   kolo::elastic::TorchState state(*model, &adam, n);  // kolo/torch/elastic.h (elastic)
 //
 // See docs/torch.md. Each header can also be included on its own (they are
 // lighter than <torch/torch.h>).
@@ -15,6 +16,7 @@
 #include "kolo/core/runtime.h"
 #include "kolo/torch/broadcast.h"
 #include "kolo/torch/checkpoint.h"
+#include "kolo/torch/elastic.h"
 #include "kolo/torch/lr.h"
 #include "kolo/torch/metrics.h"
 #include "kolo/torch/optimizer.h"

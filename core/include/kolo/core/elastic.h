@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "kolo/core/communicator.h"
 #include "kolo/core/config.h"
 #include "kolo/core/errors.h"
 #include "kolo/core/runtime.h"
@@ -105,6 +106,10 @@ class State {
     // When set, rank 0 also writes every commit to this file (atomically:
     // written to "<path>.tmp", then renamed). "" = memory only.
     std::string commit_path;
+    // The world sync() and commit() talk to. nullptr = the default runtime's
+    // (what run() builds for every round). Ranks as threads (tests) give each
+    // rank's State its own communicator; see set_world().
+    Communicator* world = nullptr;
   };
   State();
   explicit State(Options options);
@@ -140,6 +145,15 @@ class State {
   // The last committed bytes (empty before the first commit).
   const Bytes& committed() const { return snapshot_; }
 
+  // Points this state at another world (Options::world; nullptr = the
+  // default runtime's), e.g. a ranks-as-threads world after a simulated
+  // membership change.
+  void set_world(Communicator* world) { options_.world = world; }
+  // This rank and the size of the state's world: Options::world's, else the
+  // default runtime's, else (not initialised) rank 0 of 1.
+  int world_rank() const;
+  int world_size() const;
+
   // Set by run(): where commit() asks about newer rounds (nullptr outside run()).
   void attach(Rendezvous* rendezvous, int64_t round);
   // The round of the world this state trains in (0 outside run()).
@@ -153,6 +167,7 @@ class State {
 
  private:
   Bytes serialize_all();
+  Communicator& world();  // Options::world or the default runtime's (initialised)
   void deserialize_all(const Bytes& bytes);
 
   Options options_;

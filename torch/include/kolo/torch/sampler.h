@@ -72,14 +72,30 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   // skipped (ContractError if next_index is not within 0..size()).
   void set_position(const SamplerPosition& position);
 
+  // Elastic re-sharding (kolo/torch/elastic.h): the first `start` positions
+  // of the current epoch's order were taken by an earlier world. The sampler
+  // then shards only the rest, order[start..n): rank r takes its positions r,
+  // r + size, ..., padded (from the rest's start) or cut to equal shards as
+  // above, and rewinds to its first index. Every sample of the epoch is then
+  // taken exactly once across both worlds (up to the padding). set_epoch(),
+  // and set_position() to another epoch, clear it. ContractError when start
+  // is outside 0..dataset_size().
+  void set_epoch_start(int64_t start);
+  int64_t epoch_start() const { return epoch_start_; }
+  // Positions of the epoch's order taken by the whole world so far, when
+  // every rank took as many as this one (they do: shards are equal):
+  // epoch_start() + next_index * world_size(), at most dataset_size().
+  int64_t consumed() const;
+
   // torch::data::samplers::Sampler. reset(new_size) also changes the dataset
   // size (which rewinds even after set_position).
   void reset(torch::optional<size_t> new_size = torch::nullopt) override;
   // The next up to batch_size indices of this rank's shard; nullopt when the
   // epoch is exhausted.
   torch::optional<std::vector<size_t>> next(size_t batch_size) override;
-  // Saves / loads the position, the dataset size and the options (load
-  // checks that the world size, rank, seed, shuffle and drop_last agree).
+  // Saves / loads the position, the epoch start, the dataset size and the
+  // options (load checks that the world size, rank, seed, shuffle and
+  // drop_last agree).
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
@@ -93,6 +109,7 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   uint64_t seed_;
   bool drop_last_;
   SamplerPosition position_;
+  int64_t epoch_start_ = 0;  // positions of the epoch's order taken by an earlier world
   bool keep_position_on_reset_ = false;
   std::vector<size_t> indices_;
 };
