@@ -125,6 +125,10 @@ void Engine::Impl::check_name(const std::string& op, const std::string& name) co
 }
 
 int Engine::Impl::set_size_checked(const std::string& op, int process_set, int* set_rank) {
+  if (process_set == 0) {  // all ranks, and never removed: no lookup (the common case)
+    if (set_rank) *set_rank = rank;
+    return size;
+  }
   std::lock_guard<std::mutex> lock(mutex);
   auto it = sets.find(process_set);
   if (it == sets.end()) {
@@ -149,7 +153,6 @@ int Engine::Impl::set_size_checked(const std::string& op, int process_set, int* 
 Handle Engine::Impl::submit(std::unique_ptr<Request> request) {
   if (!request->handle) request->handle = std::make_shared<HandleState>();
   request->handle->waker = waker;
-  request->submitted = Clock::now();
   std::shared_ptr<HandleState> handle = request->handle;
   std::lock_guard<std::mutex> lock(mutex);
   if (stopped) {

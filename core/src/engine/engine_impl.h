@@ -34,6 +34,7 @@ namespace kolo {
 // engine_thread.cc, execute.cc), which all include this header.
 using detail::Controller;
 using detail::ControllerOptions;
+using detail::Finished;
 using detail::FusionBuffer;
 using detail::HandleState;
 using detail::Request;
@@ -78,8 +79,7 @@ struct Engine::Impl {
   void execute(SetState& set, std::vector<const detail::Response*>& data);
   void run_allreduce(SetState& set, const std::vector<const detail::Response*>& batch);
   void run_allreduce_segments(SetState& set, const std::vector<const detail::Response*>& batch,
-                              const std::vector<detail::Request*>& reqs,
-                              const AllreduceOptions& o);
+                              const std::vector<detail::Request*>& reqs, const AllreduceOptions& o);
   void run_allgather(SetState& set, const std::vector<const detail::Response*>& batch);
   void run_broadcast(SetState& set, const std::vector<const detail::Response*>& batch);
   void run_reducescatter(SetState& set, const detail::Response& r);
@@ -87,8 +87,11 @@ struct Engine::Impl {
   void add_set(const detail::Response& r, SetState& world_set);
   void remove_set(const detail::Response& r, SetState& world_set);
   detail::Request* local(SetState& set, const std::string& name);
-  // Completes `name`'s request; its waiters are woken by wake_finished().
+  // Takes `name`'s request out of negotiation; wake_finished() completes it
+  // (runs its callbacks, marks it done) and wakes its waiters.
   void finish(SetState& set, const std::string& name, std::exception_ptr error);
+  // Completes every request finish()ed since the last call: releases their
+  // names, runs their callbacks, then wakes their waiters.
   void wake_finished();
   void fail_everything(std::exception_ptr error);
   TensorView allocate_output(detail::Request* request, const std::vector<int64_t>& shape,
@@ -135,7 +138,7 @@ struct Engine::Impl {
   detail::FusionBuffer scratch_out;
   std::vector<AllreduceSegment> segments;  // a fused allreduce's tensors (native segments)
   uint64_t cycle_bytes = 0;
-  std::vector<std::shared_ptr<detail::HandleState>> to_wake;  // finished, waiters not yet woken
+  std::vector<detail::Finished> finished;  // out of negotiation, handles not yet completed
   std::thread thread;
 };
 

@@ -208,16 +208,23 @@ void Engine::Impl::finish(SetState& set, const std::string& name, std::exception
   std::unique_ptr<Request> request = std::move(it->second);
   set.pending.erase(it);
   phases_close(request.get());
-  queue.release(set.id, name);
-  for (const std::string& message : request->handle->complete(error, false)) {
-    logger.warning("a completion callback of '" + name + "' threw: " + message);
-  }
-  to_wake.push_back(std::move(request->handle));
+  finished.push_back({std::move(request), std::move(error)});
 }
 
 void Engine::Impl::wake_finished() {
-  for (auto& handle : to_wake) handle->wake();
-  to_wake.clear();
+  if (finished.empty()) return;
+  // Names are released before any handle completes (a caller may resubmit a
+  // name the moment its wait() returns), all under one lock of the queue.
+  queue.release_all(finished);
+  for (Finished& f : finished) {
+    for (const std::string& message : f.request->handle->complete(f.error, false)) {
+      logger.warning("a completion callback of '" + f.request->info.name + "' threw: " + message);
+    }
+  }
+  // Woken once the whole batch is complete: a caller waiting on the batch's
+  // handles one by one then blocks at most once.
+  for (Finished& f : finished) f.request->handle->wake();
+  finished.clear();
 }
 
 void Engine::Impl::count_collective(uint64_t bytes) {
@@ -259,7 +266,7 @@ void Engine::Impl::run_set(SetState& set, Controller::Outcome& outcome) {
       case RequestKind::kJoin:
         break;
       default:
-        mark_ready(local(set, r.name));
+        if (timeline) mark_ready(local(set, r.name));  // a lookup only worth it for the trace
         data.push_back(&r);
     }
   }

@@ -1,22 +1,42 @@
 #include "engine/tensor_queue.h"
 
+#include <iterator>
+
 #include "kolo/core/errors.h"
 
 namespace kolo::detail {
+
+namespace {
+
+// Released names kept before push() sweeps them out.
+constexpr size_t kMaxReleasedNames = 8192;
+
+}  // namespace
 
 void TensorQueue::push(std::unique_ptr<Request> request) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto& names = pending_[request->process_set];
-    if (names.count(request->info.name) != 0) {
-      throw ContractError(
-          std::string("kolo engine: ") + request_kind_name(request->info.kind) + " of tensor '" +
-          request->info.name + "': a request with this name is still pending on this rank" +
-          (request->process_set != 0 ? " in process set " + std::to_string(request->process_set)
-                                     : std::string()) +
-          "; wait for its handle before reusing the name, or use a unique name");
+    auto [it, inserted] = names.try_emplace(request->info.name, true);
+    if (!inserted) {
+      if (it->second) {
+        throw ContractError(
+            std::string("kolo engine: ") + request_kind_name(request->info.kind) + " of tensor '" +
+            request->info.name + "': a request with this name is still pending on this rank" +
+            (request->process_set != 0 ? " in process set " + std::to_string(request->process_set)
+                                       : std::string()) +
+            "; wait for its handle before reusing the name, or use a unique name");
+      }
+      it->second = true;
+      --released_;
     }
-    names.insert(request->info.name);
+    if (released_ > kMaxReleasedNames) {
+      for (auto& [set, set_names] : pending_) {
+        for (auto n = set_names.begin(); n != set_names.end();)
+          n = n->second ? std::next(n) : set_names.erase(n);
+      }
+      released_ = 0;
+    }
     queue_.push_back(std::move(request));
   }
   work_.notify_one();
@@ -31,8 +51,21 @@ std::vector<std::unique_ptr<Request>> TensorQueue::drain() {
 
 void TensorQueue::release(int process_set, const std::string& name) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = pending_.find(process_set);
-  if (it != pending_.end()) it->second.erase(name);
+  release_locked(process_set, name);
+}
+
+void TensorQueue::release_all(const std::vector<Finished>& finished) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const Finished& f : finished) release_locked(f.request->process_set, f.request->info.name);
+}
+
+void TensorQueue::release_locked(int process_set, const std::string& name) {
+  auto set = pending_.find(process_set);
+  if (set == pending_.end()) return;
+  auto it = set->second.find(name);
+  if (it == set->second.end() || !it->second) return;
+  it->second = false;
+  ++released_;
 }
 
 void TensorQueue::wait_for_work(std::chrono::microseconds timeout) {

@@ -10,11 +10,11 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -33,10 +33,16 @@ struct Request {
   TensorView out;           // allreduce, reducescatter
   AllocateOutput allocate;  // allgather, alltoall
   std::shared_ptr<HandleState> handle;
-  std::chrono::steady_clock::time_point submitted;
   // Timeline phases begun and not yet ended, innermost last (engine thread).
   std::vector<TimelinePhase> open_phases;
   bool negotiated_once = false;  // has been through one negotiation round
+};
+
+// A request the engine has finished with (or failed), waiting for its
+// handle to be completed; error = null on success.
+struct Finished {
+  std::unique_ptr<Request> request;
+  std::exception_ptr error;
 };
 
 class TensorQueue {
@@ -47,17 +53,26 @@ class TensorQueue {
   std::vector<std::unique_ptr<Request>> drain();
   // The request named `name` of `process_set` has finished.
   void release(int process_set, const std::string& name);
+  // release() of every request in `finished`, under one lock.
+  void release_all(const std::vector<Finished>& finished);
   // Blocks until something is queued or `timeout` passes (idle engine).
   void wait_for_work(std::chrono::microseconds timeout);
   // Wakes wait_for_work (shutdown).
   void wake();
 
  private:
+  void release_locked(int process_set, const std::string& name);  // mutex_ held
+
   std::mutex mutex_;
   std::condition_variable work_;
   bool woken_ = false;
   std::vector<std::unique_ptr<Request>> queue_;
-  std::unordered_map<int, std::unordered_set<std::string>> pending_;  // set -> names
+  // (set, name) -> pending on this rank. Released names stay in the map as
+  // false: training resubmits the same names every step, so steady state
+  // allocates nothing here. Swept when it holds many released names (a
+  // program that makes up a new name per call).
+  std::unordered_map<int, std::unordered_map<std::string, bool>> pending_;
+  size_t released_ = 0;  // entries that are false
 };
 
 }  // namespace kolo::detail
