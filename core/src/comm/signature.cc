@@ -213,43 +213,44 @@ void check_alltoallv_args(int size, const void* in, const std::vector<size_t>& s
 
 void check_local_args(CollectiveKind kind, int size, const void* in, const void* out, size_t count,
                       const AllreduceOptions* reduce_options, int root) {
-  const std::string where = prefix(kind);
+  // The message prefix is built only for an error: this runs on every call.
+  auto where = [kind] { return prefix(kind); };
   if (size < 1) {
-    throw ContractError(where + "communicator size must be >= 1, got " + std::to_string(size));
+    throw ContractError(where() + "communicator size must be >= 1, got " + std::to_string(size));
   }
   if (kind == CollectiveKind::kBarrier) return;
   // Largest count whose buffers (size() blocks of 8-byte elements) fit in size_t.
   const size_t max_count = std::numeric_limits<size_t>::max() / 8 / static_cast<size_t>(size);
   if (count > max_count) {
-    throw ContractError(where + "count " + std::to_string(count) +
+    throw ContractError(where() + "count " + std::to_string(count) +
                         " is too large (the buffers would exceed the address space); counts "
                         "are in elements, not bytes");
   }
   if (count > 0 && in == nullptr) {
-    throw ContractError(where + (kind == CollectiveKind::kBroadcast ? "buffer" : "in") +
+    throw ContractError(where() + (kind == CollectiveKind::kBroadcast ? "buffer" : "in") +
                         " is null but count is " + std::to_string(count) +
                         "; pass a buffer of count elements (or count 0)");
   }
   if (count > 0 && out == nullptr) {
-    throw ContractError(where + "out is null but count is " + std::to_string(count) +
+    throw ContractError(where() + "out is null but count is " + std::to_string(count) +
                         "; pass a buffer for the result (or out == in for the in-place form)");
   }
   if (kind == CollectiveKind::kBroadcast && (root < 0 || root >= size)) {
-    throw ContractError(where + "root " + std::to_string(root) + " is not a rank of this " +
+    throw ContractError(where() + "root " + std::to_string(root) + " is not a rank of this " +
                         std::to_string(size) + "-rank communicator; use 0 <= root < " +
                         std::to_string(size));
   }
   if (reduce_options != nullptr) {
     if (static_cast<int>(reduce_options->op) >= kNumReduceOps) {
-      throw ContractError(where + "op " + op_text(reduce_options->op) +
+      throw ContractError(where() + "op " + op_text(reduce_options->op) +
                           " is not a ReduceOp; use sum, average, min, max or product");
     }
     if (!std::isfinite(reduce_options->prescale)) {
-      throw ContractError(where + "prescale " + format_double(reduce_options->prescale) +
+      throw ContractError(where() + "prescale " + format_double(reduce_options->prescale) +
                           " is not finite; pass a finite factor (1.0 for none)");
     }
     if (!std::isfinite(reduce_options->postscale)) {
-      throw ContractError(where + "postscale " + format_double(reduce_options->postscale) +
+      throw ContractError(where() + "postscale " + format_double(reduce_options->postscale) +
                           " is not finite; pass a finite factor (1.0 for none)");
     }
   }
