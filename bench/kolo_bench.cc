@@ -4,6 +4,8 @@
 //   kolorun -np 2 kolo-bench engine [--json] [--docs docs/benchmarks.md] [--timeline t.json]
 //   kolo-bench scaling [--steps 50] [--json] [--docs docs/benchmarks.md] [--plot scaling.png]
 //     (a plain process, not under kolorun: it starts the workers; built with libtorch)
+//   kolo-bench zero [--steps 3] [--workers 1,2,4] [--json] [--docs docs/benchmarks.md]
+//     (a plain process; ZeRO stages vs DistributedOptimizer; built with libtorch)
 //
 // Each mode is one subcommand in its own file; every mode prints a table,
 // prints JSON rows with --json, and with --docs rewrites its own section of
@@ -17,6 +19,9 @@
 #include "kolo/core/errors.h"
 #ifdef KOLO_BENCH_HAVE_SCALING
 #include "scaling_bench.h"
+#endif
+#ifdef KOLO_BENCH_HAVE_ZERO
+#include "zero_bench.h"
 #endif
 
 int main(int argc, char** argv) {
@@ -135,8 +140,45 @@ int main(int argc, char** argv) {
   scaling_sub->add_option("--store-path", scaling_worker.store_path)->group("");
 #endif
 
+#ifdef KOLO_BENCH_HAVE_ZERO
+  kolo::bench::ZeroBenchOptions zero;
+  zero.command_line = command_line;
+  kolo::bench::ZeroWorkerOptions zero_worker;
+  bool zero_is_worker = false;
+  auto* zero_sub = app.add_subcommand(
+      "zero",
+      "per-rank memory (parameters, gradients, Adam state, peak RSS) and step time of ZeRO "
+      "stages 1-3 against DistributedOptimizer on a ~100 M-parameter model");
+  zero_sub->add_option("--modes", zero.modes, "ddp, 1, 2, 3")->delimiter(',');
+  zero_sub->add_option("--workers", zero.workers, "worker counts")->delimiter(',');
+  zero_sub->add_option("--layers", zero.layers, "Linear layers")->check(CLI::PositiveNumber);
+  zero_sub->add_option("--width", zero.width, "features per layer")->check(CLI::PositiveNumber);
+  zero_sub->add_option("--batch", zero.batch, "rows per worker per step")
+      ->check(CLI::PositiveNumber);
+  zero_sub->add_option("--steps", zero.steps, "timed steps")->check(CLI::PositiveNumber);
+  zero_sub->add_option("--warmup-steps", zero.warmup_steps, "untimed steps first")
+      ->check(CLI::NonNegativeNumber);
+  zero_sub->add_option("--config-timeout", zero.config_timeout_s, "seconds per configuration");
+  zero_sub->add_flag("--json", zero.json, "one JSON object per row instead of the table");
+  zero_sub->add_option("--docs", zero.docs_path, "rewrite the zero section of this markdown file");
+  zero_sub->add_option("--kolorun", zero.kolorun, "path of kolorun");
+  zero_sub->add_flag("--worker", zero_is_worker)->group("");
+  zero_sub->add_option("--mode", zero_worker.mode)->group("");
+#endif
+
   CLI11_PARSE(app, argc, argv);
   try {
+#ifdef KOLO_BENCH_HAVE_ZERO
+    if (*zero_sub) {
+      if (!zero_is_worker) return kolo::bench::run_zero_bench(zero);
+      zero_worker.layers = zero.layers;
+      zero_worker.width = zero.width;
+      zero_worker.batch = zero.batch;
+      zero_worker.steps = zero.steps;
+      zero_worker.warmup_steps = zero.warmup_steps;
+      return kolo::bench::run_zero_worker(zero_worker);
+    }
+#endif
 #ifdef KOLO_BENCH_HAVE_SCALING
     if (*scaling_sub) {
       if (!scaling_is_worker) return kolo::bench::run_scaling_bench(scaling);

@@ -14,7 +14,8 @@
 //   2. load the data and give each worker its shard (DistributedSampler)
 //   3. build the model (the seed's Keras CNN)
 //   4. scale the learning rate by the number of workers, reached by a warmup
-//   5. wrap the optimizer in kolo::DistributedOptimizer
+//   5. wrap the optimizer in kolo::DistributedOptimizer (or, with --zero-stage 1-3,
+//      kolo::ZeroOptimizer, which shards it across the workers)
 //   6. start every worker from rank 0's weights and optimizer state
 //      (or from a checkpoint)
 //   7. train; average the metrics across workers; rank 0 prints and saves
@@ -31,6 +32,7 @@
 
 #include "fashion_mnist_data.h"
 #include "model.h"
+#include "training_optimizer.h"
 #include "kolo/torch.h"
 
 namespace {
@@ -50,11 +52,12 @@ struct Flags {
   bool scale_lr = false;             // multiply lr by the number of workers (Goyal et al.)
   double warmup_epochs = 0;          // reach the scaled rate linearly over this many epochs
   std::string checkpoint_dir;        // "" = no checkpoints
-  bool resume = false;               // start from <checkpoint-dir>/checkpoint.kolo
+  bool resume = false;               // start from the checkpoint in checkpoint_dir
   int threads = 0;                   // 0 = $OMP_NUM_THREADS (kolorun sets it), else 1
   int64_t train_subset = 0;          // 0 = all 60000 training images
   int64_t test_subset = 0;           // 0 = all 10000 test images
   std::string compression = "none";  // gradients on the wire: none, fp16, bf16
+  int zero_stage = 0;                // 0 = DistributedOptimizer, 1-3 = ZeRO stage (docs/zero.md)
   std::string data_dir = fashion_mnist::kDefaultDataDir;
   uint64_t seed = 42;
   int progress_lines = 10;  // progress lines per epoch on rank 0
@@ -230,23 +233,24 @@ int run(const Flags& flags) {
   // --- 5. The distributed optimizer -------------------------------------------
   // Each gradient's allreduce (an average over the workers) starts the moment
   // backward() produces it; optimizer.step() waits for them, then steps Adam.
-  kolo::DistributedOptimizerOptions dist_options;
-  dist_options.compression = kolo::parse_compression(flags.compression);
-  kolo::DistributedOptimizer optimizer(adam, model->named_parameters(), dist_options);
-
+  // With --zero-stage 1-3, kolo::ZeroOptimizer shards Adam's state (and the
+  // gradients, and the parameters) across the workers instead.
+  //
   // --- 6. Same starting point on every worker -----------------------------
-  const std::string checkpoint_path =
-      flags.checkpoint_dir.empty() ? "" : flags.checkpoint_dir + "/checkpoint.kolo";
+  // Rank 0's weights and optimizer state, or the checkpoint with --resume
+  // (training_optimizer.h does both for either optimizer).
+  fashion_mnist::TrainingOptimizerOptions optimizer_options;
+  optimizer_options.zero_stage = flags.zero_stage;
+  optimizer_options.compression = flags.compression;
+  optimizer_options.checkpoint_dir = flags.checkpoint_dir;
+  optimizer_options.resume = flags.resume;
+  fashion_mnist::TrainingOptimizer optimizer(adam, *model, optimizer_options);
+  const std::string checkpoint_path = flags.checkpoint_dir.empty() ? "" : optimizer.path();
   int first_epoch = 0;
   if (flags.resume) {
-    // Rank 0 reads and verifies the file; every worker gets its contents.
-    const kolo::CheckpointState state = kolo::load_checkpoint(checkpoint_path, *model, &adam);
-    first_epoch = static_cast<int>(state.epoch);
+    first_epoch = static_cast<int>(optimizer.resumed().epoch);
     if (chief)
       std::printf("Resumed from %s after epoch %d\n", checkpoint_path.c_str(), first_epoch);
-  } else {
-    kolo::broadcast_parameters(*model, /*root=*/0);
-    kolo::broadcast_optimizer_state(adam, /*root=*/0);
   }
   // Dropout masks differ per worker (the weights are already identical).
   torch::manual_seed(flags.seed + 1000003ULL * static_cast<uint64_t>(rank + 1));
@@ -261,10 +265,10 @@ int run(const Flags& flags) {
         static_cast<long long>(steps_per_epoch), static_cast<long long>(test.images.size(0)));
     std::printf(
         "  batch %lld per worker (global %lld), Adam lr %g -> %g over %g warmup epoch(s), "
-        "gradient compression %s\n",
+        "gradient compression %s, ZeRO stage %d\n",
         static_cast<long long>(flags.batch_size),
         static_cast<long long>(flags.batch_size * workers), schedule_options.base_lr,
-        schedule_options.peak_lr, flags.warmup_epochs, flags.compression.c_str());
+        schedule_options.peak_lr, flags.warmup_epochs, flags.compression.c_str(), flags.zero_stage);
     std::fflush(stdout);
   }
 
@@ -325,14 +329,15 @@ int run(const Flags& flags) {
     }
     records.push_back({epoch + 1, epoch_s, images_per_s, train_loss, train_accuracy, eval});
 
-    // Rank 0 writes the checkpoint (atomically); the others take part.
+    // Checkpoint (atomically): rank 0 writes the file at --zero-stage 0, every
+    // rank its shard at stages 1-3; the call is collective either way.
     if (!checkpoint_path.empty()) {
       if (chief) std::filesystem::create_directories(flags.checkpoint_dir);
       kolo::CheckpointState state;
       state.epoch = epoch + 1;  // epochs completed
       state.seed = flags.seed;
       state.sampler = {epoch + 1, 0};
-      kolo::save_checkpoint(checkpoint_path, *model, &adam, state);
+      optimizer.save(state);
       if (chief) std::printf("Saved %s\n", checkpoint_path.c_str());
     }
   }
@@ -359,14 +364,28 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--checkpoint-dir", flags.checkpoint_dir,
-                 "Rank 0 saves <dir>/checkpoint.kolo after every epoch");
-  app.add_flag("--resume", flags.resume, "Start from <checkpoint-dir>/checkpoint.kolo");
+                 "Save after every epoch: rank 0 writes <dir>/checkpoint.kolo (--zero-stage 0) "
+                 "or every rank its shard of <dir>/zero/ (stages 1-3)");
+  app.add_flag("--resume", flags.resume,
+               "Start from the checkpoint in --checkpoint-dir (same --zero-stage kind; a ZeRO "
+               "checkpoint loads at any worker count)");
   app.add_option("--threads", flags.threads,
                  "Threads per worker (default: $OMP_NUM_THREADS, which kolorun sets, else 1)");
   app.add_option("--train-subset", flags.train_subset,
                  "Train on the first N images only (quick runs); 0 = all")
       ->capture_default_str();
   app.add_option("--test-subset", flags.test_subset, "Test on the first N images only; 0 = all")
+      ->capture_default_str();
+  app.add_option("--zero-stage", flags.zero_stage,
+                 "0 = DistributedOptimizer; 1, 2, 3 = ZeRO stage (kolo::ZeroOptimizer)")
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {
+            if (value == "0" || value == "1" || value == "2" || value == "3") return "";
+            return "is '" + value +
+                   "'; use 0 (DistributedOptimizer, plain data parallelism) or the ZeRO stage 1, "
+                   "2 or 3 (docs/zero.md)";
+          },
+          "0|1|2|3"))
       ->capture_default_str();
   app.add_option("--compression", flags.compression, "Gradient compression: none, fp16, bf16")
       ->capture_default_str()
@@ -379,6 +398,14 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (flags.resume && flags.checkpoint_dir.empty()) {
     std::fprintf(stderr, "fashion_mnist: --resume needs --checkpoint-dir\n");
+    return 2;
+  }
+  if (flags.zero_stage != 0 && flags.compression != "none") {
+    // kolo::ZeroOptimizer reduce-scatters full-precision gradients (docs/zero.md).
+    std::fprintf(stderr,
+                 "fashion_mnist: --compression %s works with --zero-stage 0 only (ZeRO stage %d "
+                 "does not compress gradients); drop --compression or use --zero-stage 0\n",
+                 flags.compression.c_str(), flags.zero_stage);
     return 2;
   }
   try {

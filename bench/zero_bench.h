@@ -1,0 +1,51 @@
+// `kolo-bench zero`: memory and step time of sharded training. A stack of
+// --layers Linear(--width, --width) layers (6 x 4096^2 = about 100 M
+// parameters), each a kolo::ShardedUnit, trained with Adam at each world size
+// and mode: `ddp` (kolo::DistributedOptimizer) and ZeRO stages `1`, `2`, `3`
+// (kolo::ZeroOptimizer).
+//
+// The driver is a plain process. Each configuration runs in fresh worker
+// processes started through kolorun (`kolo-bench zero --worker ...`), so the
+// peak resident memory (VmHWM of /proc/self/status) belongs to that
+// configuration alone. A worker trains --warmup-steps untimed steps (Adam
+// creates its state in the first), then --steps timed steps, and prints one
+// JSON object: the bytes of parameters, gradients and optimizer state it holds
+// after the last step (ZeroOptimizer::memory(); for ddp counted from the
+// model's tensors and the optimizer's state the same way), the accounting's
+// peaks, VmHWM and the mean step time. The driver keeps, per configuration,
+// the largest value over the ranks.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kolo::bench {
+
+struct ZeroBenchOptions {
+  std::vector<std::string> modes = {"ddp", "1", "2", "3"};
+  std::vector<int> workers = {1, 2, 4};
+  int layers = 6;
+  int width = 4096;
+  int batch = 8;  // rows per worker per step
+  int steps = 3;
+  int warmup_steps = 1;
+  int config_timeout_s = 900;
+  bool json = false;
+  std::string docs_path;
+  std::string kolorun;  // "" = <build>/launcher/kolorun next to this binary's directory
+  std::string command_line;
+};
+
+struct ZeroWorkerOptions {
+  std::string mode = "ddp";
+  int layers = 6;
+  int width = 4096;
+  int batch = 8;
+  int steps = 3;
+  int warmup_steps = 1;
+};
+
+int run_zero_bench(const ZeroBenchOptions& options);
+int run_zero_worker(const ZeroWorkerOptions& options);
+
+}  // namespace kolo::bench

@@ -1,0 +1,132 @@
+// The worker side of `kolo-bench zero` (zero_bench.h): one rank of one
+// configuration.
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+
+#include "kolo/core/runtime.h"
+#include "kolo/torch/optimizer.h"
+#include "kolo/torch/zero.h"
+#include "zero_bench.h"
+
+namespace kolo::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// VmHWM of /proc/self/status: the peak resident set of this process, bytes.
+int64_t peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // kB
+  }
+  return -1;
+}
+
+int64_t bytes_of(const torch::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+}  // namespace
+
+int run_zero_worker(const ZeroWorkerOptions& options) {
+  torch::set_num_threads(1);
+  const bool ddp = options.mode == "ddp";
+  int stage = 0;
+  if (!ddp) {
+    if (options.mode != "1" && options.mode != "2" && options.mode != "3") {
+      throw std::invalid_argument("kolo-bench zero --worker: unknown --mode '" + options.mode +
+                                  "' (ddp, 1, 2 or 3)");
+    }
+    stage = std::stoi(options.mode);
+  }
+  kolo::init();
+  // Every rank builds the same parameters from the same seed (no broadcast
+  // of 400 MB needed).
+  torch::manual_seed(42);
+  torch::nn::Sequential model;
+  for (int i = 0; i < options.layers; ++i) {
+    model->push_back(ShardedUnit(torch::nn::Linear(options.width, options.width)));
+    if (i + 1 < options.layers) model->push_back(torch::nn::ReLU());
+  }
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-4));
+  std::unique_ptr<DistributedOptimizer> distributed;
+  std::unique_ptr<ZeroOptimizer> zero;
+  if (ddp) {
+    distributed = std::make_unique<DistributedOptimizer>(adam, model->named_parameters());
+  } else {
+    ZeroOptions zo;
+    zo.stage = stage;
+    zero = std::make_unique<ZeroOptimizer>(adam, *model, zo);
+  }
+  torch::manual_seed(1000 + kolo::rank());
+  const torch::Tensor x = torch::randn({options.batch, options.width});
+  const torch::Tensor y = torch::randn({options.batch, options.width});
+  auto step = [&] {
+    if (ddp) {
+      distributed->zero_grad();
+    } else {
+      zero->zero_grad();
+    }
+    torch::nn::functional::mse_loss(model->forward(x), y).backward();
+    if (ddp) {
+      distributed->step();
+    } else {
+      zero->step();
+    }
+  };
+  for (int i = 0; i < options.warmup_steps; ++i) step();
+  if (zero) zero->reset_peak();
+  const Clock::time_point start = Clock::now();
+  for (int i = 0; i < options.steps; ++i) step();
+  const double step_ms =
+      1000.0 * std::chrono::duration<double>(Clock::now() - start).count() / options.steps;
+
+  nlohmann::json row = {{"rank", kolo::rank()},
+                        {"world_size", kolo::size()},
+                        {"mode", options.mode},
+                        {"step_ms", step_ms}};
+  if (zero) {
+    const ZeroMemory m = zero->memory();
+    row["param_bytes"] = m.param_bytes;
+    row["grad_bytes"] = m.grad_bytes;
+    row["optimizer_state_bytes"] = m.optimizer_state_bytes;
+    row["peak_param_bytes"] = m.peak_param_bytes;
+    row["peak_grad_bytes"] = m.peak_grad_bytes;
+    row["peak_total_bytes"] = m.peak_total_bytes;
+  } else {
+    // DistributedOptimizer keeps everything whole: the model's parameters and
+    // gradients (which stay defined between steps) and Adam's state.
+    int64_t params = 0, grads = 0;
+    for (const auto& p : model->parameters()) {
+      params += bytes_of(p);
+      grads += bytes_of(p.grad());
+    }
+    const int64_t state = optimizer_state_bytes(adam);
+    row["param_bytes"] = params;
+    row["grad_bytes"] = grads;
+    row["optimizer_state_bytes"] = state;
+    row["peak_param_bytes"] = params;
+    row["peak_grad_bytes"] = grads;
+    row["peak_total_bytes"] = params + grads + state;
+  }
+  row["peak_rss_bytes"] = peak_rss_bytes();
+  std::printf("%s\n", row.dump().c_str());
+  std::fflush(stdout);
+  distributed.reset();
+  zero.reset();
+  kolo::shutdown();
+  return 0;
+}
+
+}  // namespace kolo::bench
