@@ -61,3 +61,33 @@ TEST(TensorQueue, ManyOneOffNamesKeepPendingOnesPending) {
 
 }  // namespace
 }  // namespace kolo::detail
+
+namespace kolo::detail {
+namespace {
+
+TEST(TensorQueue, RecycledRequestsComeBackEmpty) {
+  TensorQueue queue;
+  std::unique_ptr<Request> r = queue.take_request();
+  r->info.name = "grad/a-name-longer-than-the-small-string-buffer";
+  r->info.splits = {1, 2};
+  r->handle = std::make_shared<HandleState>();
+  r->allocate = [](const std::vector<int64_t>&) { return TensorView{}; };
+  r->open_phases.push_back(TimelinePhase::kQueue);
+  r->negotiated_once = true;
+  const Request* address = r.get();
+  std::vector<Finished> finished;
+  finished.push_back({std::move(r), nullptr});
+  queue.recycle(finished);
+  EXPECT_TRUE(finished.empty());
+  std::unique_ptr<Request> again = queue.take_request();
+  EXPECT_EQ(again.get(), address);  // reused, most recent first
+  EXPECT_FALSE(again->handle);      // no handle of the old request survives
+  EXPECT_FALSE(again->allocate);
+  EXPECT_TRUE(again->open_phases.empty());
+  EXPECT_FALSE(again->negotiated_once);
+  EXPECT_TRUE(again->info.splits.empty());
+  EXPECT_NE(queue.take_request().get(), address);  // the spare was taken once
+}
+
+}  // namespace
+}  // namespace kolo::detail

@@ -214,20 +214,32 @@ void check_reduce(const std::string& op, const std::string& name, const RequestO
 }
 
 // The buffer and dtype of a view; the shape lives in the request's info.
-TensorView data_only(const TensorView& view) { return TensorView{view.data, view.dtype, {}}; }
+void set_data_only(TensorView& target, const TensorView& view) {
+  target.data = view.data;
+  target.dtype = view.dtype;
+  target.shape.clear();
+}
 
-RequestInfo make_info(RequestKind kind, const std::string& name, const TensorView& in,
-                      const RequestOptions& o) {
-  RequestInfo info;
+// A request for `kind` of `name` on `in`, in a recycled Request when the
+// queue has one (its name and shape buffers keep their capacity, so a
+// training step's submissions allocate nothing but the handle).
+std::unique_ptr<Request> make_request(detail::TensorQueue& queue, RequestKind kind,
+                                      const std::string& name, const TensorView& in,
+                                      const RequestOptions& o) {
+  std::unique_ptr<Request> request = queue.take_request();
+  RequestInfo& info = request->info;
   info.kind = kind;
-  info.name = name;
+  info.name.assign(name);
   info.dtype = in.dtype;
-  info.shape = in.shape;
+  info.shape.assign(in.shape.begin(), in.shape.end());
   info.op = o.op;
   info.prescale = o.prescale;
   info.postscale = o.postscale;
   info.root = o.root;
-  return info;
+  info.splits.clear();
+  request->process_set = o.process_set;
+  set_data_only(request->in, in);
+  return request;
 }
 
 }  // namespace
@@ -255,12 +267,10 @@ Handle Engine::allreduce_async(const std::string& name, const TensorView& in, co
                         ") must have the dtype and element count of in (" + dtype_name(in.dtype) +
                         " " + detail::shape_text(in.shape) + ")");
   }
-  auto request = std::make_unique<Request>();
-  request->info = make_info(RequestKind::kAllreduce, name, in, options);
+  auto request = make_request(impl_->queue, RequestKind::kAllreduce, name, in, options);
   request->info.root = 0;
   request->process_set = options.process_set;
-  request->in = data_only(in);
-  request->out = data_only(out);
+  set_data_only(request->out, out);
   return impl_->submit(std::move(request));
 }
 
@@ -279,11 +289,9 @@ Handle Engine::allgather_async(const std::string& name, const TensorView& in,
     throw ContractError("kolo::Engine::allgather_async of '" + name +
                         "': allocate is empty; pass a function that returns the output buffer");
   }
-  auto request = std::make_unique<Request>();
-  request->info = make_info(RequestKind::kAllgather, name, in, RequestOptions{});
+  auto request = make_request(impl_->queue, RequestKind::kAllgather, name, in, RequestOptions{});
   request->info.op = ReduceOp::kSum;
   request->process_set = options.process_set;
-  request->in = data_only(in);
   request->allocate = std::move(allocate);
   return impl_->submit(std::move(request));
 }
@@ -300,12 +308,11 @@ Handle Engine::broadcast_async(const std::string& name, const TensorView& buffer
                         std::to_string(options.process_set) + " (" + std::to_string(n) +
                         " ranks); use 0 <= root < " + std::to_string(n));
   }
-  auto request = std::make_unique<Request>();
-  request->info = make_info(RequestKind::kBroadcast, name, buffer, RequestOptions{});
+  auto request =
+      make_request(impl_->queue, RequestKind::kBroadcast, name, buffer, RequestOptions{});
   request->info.op = ReduceOp::kSum;
   request->info.root = options.root;
   request->process_set = options.process_set;
-  request->in = data_only(buffer);
   return impl_->submit(std::move(request));
 }
 
@@ -333,12 +340,10 @@ Handle Engine::reducescatter_async(const std::string& name, const TensorView& in
                         detail::shape_text(expected) +
                         " (Engine::reducescatter_shape of the input for this rank)");
   }
-  auto request = std::make_unique<Request>();
-  request->info = make_info(RequestKind::kReducescatter, name, in, options);
+  auto request = make_request(impl_->queue, RequestKind::kReducescatter, name, in, options);
   request->info.root = 0;
   request->process_set = options.process_set;
-  request->in = data_only(in);
-  request->out = data_only(out);
+  set_data_only(request->out, out);
   return impl_->submit(std::move(request));
 }
 
@@ -388,12 +393,10 @@ Handle Engine::alltoall_async(const std::string& name, const TensorView& in,
                         " rows but in has " + std::to_string(first) + " (shape " +
                         detail::shape_text(in.shape) + ")");
   }
-  auto request = std::make_unique<Request>();
-  request->info = make_info(RequestKind::kAlltoall, name, in, RequestOptions{});
+  auto request = make_request(impl_->queue, RequestKind::kAlltoall, name, in, RequestOptions{});
   request->info.op = ReduceOp::kSum;
   request->info.splits = rows;
   request->process_set = options.process_set;
-  request->in = data_only(in);
   request->allocate = std::move(allocate);
   return impl_->submit(std::move(request));
 }

@@ -224,7 +224,7 @@ void Engine::Impl::wake_finished() {
   // Woken once the whole batch is complete: a caller waiting on the batch's
   // handles one by one then blocks at most once.
   for (Finished& f : finished) f.request->handle->wake();
-  finished.clear();
+  queue.recycle(finished);
 }
 
 void Engine::Impl::count_collective(uint64_t bytes) {
@@ -243,6 +243,7 @@ void Engine::Impl::run_set(SetState& set, Controller::Outcome& outcome) {
   }
   uint64_t data_responses = 0;
   std::vector<const Response*> data;
+  data.reserve(outcome.responses.size());
   for (const detail::ResponsePtr& response : outcome.responses) {
     const Response& r = *response;
     if (is_data_kind(r.kind)) ++data_responses;

@@ -10,6 +10,8 @@ namespace {
 
 // Released names kept before push() sweeps them out.
 constexpr size_t kMaxReleasedNames = 8192;
+// Finished Requests kept for reuse (a few hundred bytes each).
+constexpr size_t kMaxSpareRequests = 4096;
 
 }  // namespace
 
@@ -66,6 +68,37 @@ void TensorQueue::release_locked(int process_set, const std::string& name) {
   if (it == set->second.end() || !it->second) return;
   it->second = false;
   ++released_;
+}
+
+std::unique_ptr<Request> TensorQueue::take_request() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!spare_.empty()) {
+      std::unique_ptr<Request> request = std::move(spare_.back());
+      spare_.pop_back();
+      return request;
+    }
+  }
+  return std::make_unique<Request>();
+}
+
+void TensorQueue::recycle(std::vector<Finished>& finished) {
+  // Reset outside the lock: callers' submissions need not wait for it.
+  for (Finished& f : finished) {
+    Request& r = *f.request;
+    r.handle.reset();
+    r.allocate = nullptr;
+    r.open_phases.clear();
+    r.negotiated_once = false;
+    r.out = TensorView{};
+    r.info.splits.clear();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (Finished& f : finished) {
+    if (spare_.size() >= kMaxSpareRequests) break;
+    spare_.push_back(std::move(f.request));
+  }
+  finished.clear();
 }
 
 void TensorQueue::wait_for_work(std::chrono::microseconds timeout) {

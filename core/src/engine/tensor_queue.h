@@ -55,6 +55,12 @@ class TensorQueue {
   void release(int process_set, const std::string& name);
   // release() of every request in `finished`, under one lock.
   void release_all(const std::vector<Finished>& finished);
+  // A Request to fill in: one recycled from an earlier step, or a new one.
+  std::unique_ptr<Request> take_request();
+  // Keeps the requests of `finished` (whose handles are complete) for
+  // take_request(), up to a bound, and clears `finished`. Reuse keeps their
+  // name and shape buffers: steady-state training resubmits the same names.
+  void recycle(std::vector<Finished>& finished);
   // Blocks until something is queued or `timeout` passes (idle engine).
   void wait_for_work(std::chrono::microseconds timeout);
   // Wakes wait_for_work (shutdown).
@@ -72,7 +78,8 @@ class TensorQueue {
   // allocates nothing here. Swept when it holds many released names (a
   // program that makes up a new name per call).
   std::unordered_map<int, std::unordered_map<std::string, bool>> pending_;
-  size_t released_ = 0;  // entries that are false
+  size_t released_ = 0;                          // entries that are false
+  std::vector<std::unique_ptr<Request>> spare_;  // for take_request(), most recent last
 };
 
 }  // namespace kolo::detail
