@@ -76,6 +76,7 @@ struct ElasticDriver::Impl {
     bool member_when_exited = false;
     int status = 0;
     bool stop_sent = false;
+    std::vector<int64_t> rounds;  // the rounds it was published in, oldest first
   };
 
   ElasticSetup setup;
@@ -260,9 +261,27 @@ struct ElasticDriver::Impl {
         if (!reform) {
           reform = true;
           reform_reason = describe(w) + " left round " + std::to_string(round) + ": " + reason;
+          mark_failed(w, reform_reason);
         }
       }
     }
+  }
+
+  // Tells the members of every round `w` was published in that kolorun gave
+  // up on it (elastic/failed/<round>, see core/src/elastic/round_store.h):
+  // a member still building such a round's communicators (or its engine's)
+  // stops waiting for `w` and rejoins at once instead of after its
+  // --timeout. Older rounds count too: a growth round may have been
+  // published while the members were still building the one before.
+  void mark_failed(Worker& w, const std::string& why) {
+    for (int64_t r : w.rounds) {
+      try {
+        store->set("elastic/failed/" + std::to_string(r), to_bytes(why));
+      } catch (const std::exception&) {
+        return;  // a lost store is reported by read_join_requests on the next tick
+      }
+    }
+    w.rounds.clear();  // marked once
   }
 
   void publish(const std::vector<int64_t>& ids, const std::string& why) {
@@ -280,7 +299,10 @@ struct ElasticDriver::Impl {
       if (alive(w)) w.phase = Phase::kWaiting;
     }
     members = ids;
-    for (int64_t id : ids) workers[static_cast<size_t>(id)].phase = Phase::kMember;
+    for (int64_t id : ids) {
+      workers[static_cast<size_t>(id)].phase = Phase::kMember;
+      workers[static_cast<size_t>(id)].rounds.push_back(round);
+    }
     std::string list;
     for (int64_t id : ids) list += (list.empty() ? "" : ",") + std::to_string(id);
     log("round " + std::to_string(round) + ": " + plural(static_cast<int>(ids.size()), "worker") +
@@ -398,6 +420,7 @@ struct ElasticDriver::Impl {
     }
     ++restarts;
     const std::string what = describe(w) + " " + describe_status(status);
+    mark_failed(w, what);
     if (restarts > options.max_restarts) {
       stop(exit_code_of(status),
            "kolorun: elastic: " + what + "; the world was already re-formed " +

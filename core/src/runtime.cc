@@ -99,7 +99,10 @@ Runtime::Runtime(const InitOptions& options) {
   }
 
   // Rendezvous store: only a world of more than one needs it.
-  if (topology_.size > 1 && !topology_.store_host.empty()) {
+  if (topology_.size > 1 && options.store) {
+    store_ = options.store_prefix ? make_prefix_store(options.store, *options.store_prefix)
+                                  : options.store;
+  } else if (topology_.size > 1 && !topology_.store_host.empty()) {
     std::string connect_host = topology_.store_host;
     if (topology_.serve_store) {
       TcpStoreServer::Options server;
@@ -185,6 +188,7 @@ Runtime::Runtime(const InitOptions& options) {
   comm.prefix = "world/0";
   comm.timeout = timeout;
   comm.check_args = config_.get_bool("KOLO_CHECK_ARGS");
+  comm.rendezvous_check = options.rendezvous_check;
   world_ = make_communicator(backend, comm);
   backend_ = backend;
   world_options_ = comm;

@@ -1,5 +1,6 @@
 // Elastic mode through kolorun (docs/elastic.md), with the core-only
-// elastic_worker: a killed worker, a worker added by host discovery, too few
+// elastic_worker: a killed worker, a member lost between a round's publication
+// and its init, a worker added by host discovery, too few
 // survivors (horovod#3494), --max-restarts, a failing host set aside, and a
 // connection without the job's secret. Every run is bounded by the harness's
 // watchdog; hosts are local aliases (127.0.0.x) from discovery scripts.
@@ -204,6 +205,35 @@ TEST(Elastic, KillOneOfThreeWorkersTrainingCompletes) {
   ASSERT_GE(journals[0].starts.size(), 2u);
   EXPECT_EQ(journals[0].starts.back().size, 2);
   EXPECT_EQ(journals[0].steps.back().size, 2);
+  expect_sample_accounting(journals, 1);
+  expect_all_gone(journals);
+}
+
+// A member that dies after kolorun published a round and before it built the
+// round's communicators (docs/elastic.md, "A member lost between rounds"):
+// kolorun marks the round failed, and the members waiting for the dead one in
+// the store give up at once instead of after --timeout (600 s here, far
+// beyond --job-timeout); the next round finishes the training.
+TEST(Elastic, AMemberLostBeforeItsInitDoesNotStallTheOthers) {
+  const std::string dir = make_temp_dir();
+  // Worker 1 dies at step 5: round 2 is ids 0,2,3; worker 2 dies on joining it.
+  RunResult r =
+      run_kolorun(concat({"-np", "4", "--min-np", "2", "--cooldown", "60", "--timeout", "600",
+                          "--job-timeout", "45"},
+                         concat(worker_args(dir), {"--kill", "1@5", "--die-on-join", "2@2"})),
+                  seconds(60));
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "round 2: 3 workers (ids 0,2,3)")) << r.err;
+  EXPECT_TRUE(contains(r.err, "round 3: 2 workers (ids 0,3)")) << r.err;
+  expect_matches_reference(r);
+  auto journals = read_journals(dir);
+  ASSERT_EQ(journals.size(), 4u);
+  EXPECT_TRUE(journals[0].done && journals[3].done);
+  // Nobody trained in round 2.
+  for (const auto& [id, j] : journals) {
+    for (const auto& s : j.starts) EXPECT_NE(s.round, 2) << "worker " << id;
+  }
   expect_sample_accounting(journals, 1);
   expect_all_gone(journals);
 }

@@ -17,7 +17,9 @@
 // STEP), --fail-on-host HOST (exit 1 at start on that host), --grow
 // FILE@STEP@TEXT (rank 0 writes TEXT into FILE before global step STEP: a
 // discovery script can cat it), --rogue-at STEP (rank 0 tries to write the
-// rendezvous without the job's secret and prints what happened).
+// rendezvous without the job's secret and prints what happened), --die-on-join
+// ID@ROUND (worker ID SIGKILLs itself right after joining ROUND, before its init:
+// a member that dies between a round's publication and its communicators).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -55,6 +57,7 @@ struct Args {
   std::string grow_file, grow_text;
   int grow_step = -1;
   int rogue_step = -1;
+  std::vector<std::pair<long, int64_t>> die_on_join;  // worker id, round
 };
 
 [[noreturn]] void usage(const std::string& what) {
@@ -92,6 +95,10 @@ Args parse(int argc, char** argv) {
       a.grow_file = value.substr(0, first);
       a.grow_step = std::stoi(value.substr(first + 1, second - first - 1));
       a.grow_text = value.substr(second + 1);
+    } else if (flag == "--die-on-join") {
+      size_t at = value.find('@');
+      if (at == std::string::npos) usage("--die-on-join ID@ROUND");
+      a.die_on_join.emplace_back(std::stol(value.substr(0, at)), std::stoll(value.substr(at + 1)));
     } else if (flag == "--rogue-at") {
       a.rogue_step = std::stoi(value);
     } else {
@@ -187,71 +194,80 @@ int main(int argc, char** argv) {
   const int steps_per_epoch = args.samples / args.batch;
   bool rogue_done = false;
 
+  kolo::elastic::RunOptions run_options;
+  run_options.on_join = [&](const kolo::elastic::Membership& m) {
+    for (const auto& [id, round] : args.die_on_join) {
+      if (id == worker_id && round == m.round) raise(SIGKILL);
+    }
+  };
   try {
-    kolo::elastic::run(state, [&] {
-      const int rank = kolo::rank(), size = kolo::size();
-      const std::string where =
-          std::to_string(state.round()) + " " + std::to_string(size) + " " + std::to_string(rank);
-      journal << "start " << state.epoch << " " << state.batch << " " << where << std::endl;
-      while (state.epoch < args.epochs) {
-        const std::vector<int> order = permutation(args.samples, state.epoch);
-        while (state.batch < steps_per_epoch) {
-          const int64_t global = state.epoch * steps_per_epoch + state.batch;
-          for (const auto& [id, step] : args.kills) {
-            if (id == worker_id && step == global) raise(SIGKILL);
-          }
-          if (rank == 0 && global == args.grow_step) {
-            std::ofstream(args.grow_file) << args.grow_text << "\n";
-          }
-          if (rank == 0 && global >= args.rogue_step && args.rogue_step >= 0 && !rogue_done) {
-            rogue_done = true;
-            const std::string outcome = rogue_attempt(std::getenv("KOLO_STORE_ADDR"),
-                                                      std::atoi(std::getenv("KOLO_STORE_PORT")));
-            std::string wrong_secret = "refused";
-            try {
-              auto store = kolo::connect_tcp_store(std::getenv("KOLO_STORE_ADDR"),
-                                                   std::atoi(std::getenv("KOLO_STORE_PORT")),
-                                                   std::chrono::seconds(5), "not-the-secret");
-              store->set("elastic/latest", kolo::to_bytes("999"));
-              wrong_secret = "ACCEPTED";
-            } catch (const kolo::RuntimeFault&) {
+    kolo::elastic::run(
+        state,
+        [&] {
+          const int rank = kolo::rank(), size = kolo::size();
+          const std::string where = std::to_string(state.round()) + " " + std::to_string(size) +
+                                    " " + std::to_string(rank);
+          journal << "start " << state.epoch << " " << state.batch << " " << where << std::endl;
+          while (state.epoch < args.epochs) {
+            const std::vector<int> order = permutation(args.samples, state.epoch);
+            while (state.batch < steps_per_epoch) {
+              const int64_t global = state.epoch * steps_per_epoch + state.batch;
+              for (const auto& [id, step] : args.kills) {
+                if (id == worker_id && step == global) raise(SIGKILL);
+              }
+              if (rank == 0 && global == args.grow_step) {
+                std::ofstream(args.grow_file) << args.grow_text << "\n";
+              }
+              if (rank == 0 && global >= args.rogue_step && args.rogue_step >= 0 && !rogue_done) {
+                rogue_done = true;
+                const std::string outcome = rogue_attempt(
+                    std::getenv("KOLO_STORE_ADDR"), std::atoi(std::getenv("KOLO_STORE_PORT")));
+                std::string wrong_secret = "refused";
+                try {
+                  auto store = kolo::connect_tcp_store(std::getenv("KOLO_STORE_ADDR"),
+                                                       std::atoi(std::getenv("KOLO_STORE_PORT")),
+                                                       std::chrono::seconds(5), "not-the-secret");
+                  store->set("elastic/latest", kolo::to_bytes("999"));
+                  wrong_secret = "ACCEPTED";
+                } catch (const kolo::RuntimeFault&) {
+                }
+                std::printf("rogue_unsigned=%s rogue_wrong_secret=%s\n", outcome.c_str(),
+                            wrong_secret.c_str());
+                std::fflush(stdout);
+              }
+              // This rank's share of the step's samples.
+              const int share = args.batch / size;
+              const int first = static_cast<int>(state.batch) * args.batch + rank * share;
+              std::vector<double> grad(kDim, 0.0);
+              std::string list;
+              for (int k = 0; k < share; ++k) {
+                const int sample = order[static_cast<size_t>(first + k)];
+                list += (k == 0 ? "" : ",") + std::to_string(sample);
+                double error = -target(sample);
+                for (int j = 0; j < kDim; ++j) error += w[j] * feature(sample, j);
+                for (int j = 0; j < kDim; ++j) grad[j] += 2.0 * error * feature(sample, j);
+              }
+              kolo::AllreduceOptions sum;
+              kolo::runtime().world().allreduce(grad.data(), grad.data(), grad.size(),
+                                                kolo::DType::kF64, sum);
+              for (int j = 0; j < kDim; ++j) w[j] -= kLearningRate * grad[j] / args.batch;
+              if (args.step_ms > 0)
+                std::this_thread::sleep_for(std::chrono::milliseconds(args.step_ms));
+              journal << "step " << state.epoch << " " << state.batch << " " << where << " " << list
+                      << std::endl;
+              ++state.batch;
+              if (state.batch % args.commit_every == 0) {
+                journal << "commit " << state.epoch << " " << state.batch << std::endl;
+                state.commit();
+              }
             }
-            std::printf("rogue_unsigned=%s rogue_wrong_secret=%s\n", outcome.c_str(),
-                        wrong_secret.c_str());
-            std::fflush(stdout);
-          }
-          // This rank's share of the step's samples.
-          const int share = args.batch / size;
-          const int first = static_cast<int>(state.batch) * args.batch + rank * share;
-          std::vector<double> grad(kDim, 0.0);
-          std::string list;
-          for (int k = 0; k < share; ++k) {
-            const int sample = order[static_cast<size_t>(first + k)];
-            list += (k == 0 ? "" : ",") + std::to_string(sample);
-            double error = -target(sample);
-            for (int j = 0; j < kDim; ++j) error += w[j] * feature(sample, j);
-            for (int j = 0; j < kDim; ++j) grad[j] += 2.0 * error * feature(sample, j);
-          }
-          kolo::AllreduceOptions sum;
-          kolo::runtime().world().allreduce(grad.data(), grad.data(), grad.size(),
-                                            kolo::DType::kF64, sum);
-          for (int j = 0; j < kDim; ++j) w[j] -= kLearningRate * grad[j] / args.batch;
-          if (args.step_ms > 0)
-            std::this_thread::sleep_for(std::chrono::milliseconds(args.step_ms));
-          journal << "step " << state.epoch << " " << state.batch << " " << where << " " << list
-                  << std::endl;
-          ++state.batch;
-          if (state.batch % args.commit_every == 0) {
+            ++state.epoch;
+            state.batch = 0;
             journal << "commit " << state.epoch << " " << state.batch << std::endl;
             state.commit();
           }
-        }
-        ++state.epoch;
-        state.batch = 0;
-        journal << "commit " << state.epoch << " " << state.batch << std::endl;
-        state.commit();
-      }
-    });
+        },
+        run_options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "elastic_worker %ld: %s\n", worker_id, e.what());
     journal << "error " << e.what() << std::endl;

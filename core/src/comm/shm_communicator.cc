@@ -388,7 +388,17 @@ void ShmCommunicator::create_segment(const CommunicatorOptions& options, size_t 
   try {
     wait_until(
         [&] { return h->joined.load(std::memory_order_acquire) == static_cast<uint32_t>(size_); },
-        [&](bool) {}, deadline, false);
+        [&](bool liveness) {
+          if (!liveness || !options.rendezvous_check) return;
+          try {
+            options.rendezvous_check();
+          } catch (...) {
+            segment_.unlink();
+            options.store->erase(key);
+            throw;
+          }
+        },
+        deadline, false);
   } catch (const TimeoutError&) {
     std::vector<int> missing;
     for (int k = 1; k < size_; ++k) {
@@ -440,6 +450,7 @@ void ShmCommunicator::join_segment(const CommunicatorOptions& options, size_t to
                        "kolo make_communicator(shm): rank 0 died before the rendezvous finished",
                        {0});
                  }
+                 if (liveness && options.rendezvous_check) options.rendezvous_check();
                },
                deadline, false);
   } catch (const TimeoutError&) {

@@ -11,6 +11,10 @@
 //                             (<machine> names the physical machine: several
 //                             local host aliases are one machine)
 //   elastic/latest            set by kolorun after each round: "<g>"
+//   elastic/failed/<g>        set by kolorun when a member of round <g> died
+//                             or left it (the reason as value): members still
+//                             waiting in the store for round <g>'s
+//                             communicators give up (round_store.h)
 #include <algorithm>
 #include <map>
 #include <sstream>

@@ -1,6 +1,7 @@
 // kolo::elastic::run: the worker's loop over rounds (elastic.h, docs/elastic.md).
 #include <map>
 
+#include "elastic/round_store.h"
 #include "kolo/core/elastic.h"
 #include "log.h"
 
@@ -51,9 +52,21 @@ void run(State& state, const std::function<void()>& train, const RunOptions& opt
                 std::to_string(m.rank) + " of " + std::to_string(m.size) + " in round " +
                 std::to_string(m.round));
     try {
+      if (options.on_join) options.on_join(m);
       InitOptions init_options = options.init;
       init_options.env = round_env(env, m);
       init_options.store_prefix = "elastic/round" + std::to_string(m.round) + "/init";
+      if (m.size > 1) {
+        // Its own connection, whose waits end when kolorun gives up on the
+        // round (a member died before building its communicators).
+        const Rendezvous::Options& r = rendezvous.options();
+        auto store = std::make_shared<RoundStore>(
+            connect_tcp_store(r.store_host, r.store_port, r.timeout, r.secret), m.round);
+        init_options.store = store;
+        init_options.rendezvous_check = [store] {
+          store->throw_if_failed("for the other members to map the shared segment");
+        };
+      }
       init(init_options);
       state.attach(&rendezvous, m.round);
       // Back to the last commit (survivors; a newcomer has none), then

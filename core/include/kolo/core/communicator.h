@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -145,6 +146,12 @@ struct CommunicatorOptions {
   // KOLO_SHM_CHUNK_BYTES from the environment when the communicator is built.
   int shm_spin_us = -1;
   int64_t shm_chunk_bytes = -1;
+  // Called about every 100 ms while this rank waits for its peers to arrive
+  // at the communicator's rendezvous outside the store (shm's shared
+  // segment); it may throw (RuntimeFault) to abandon a rendezvous that cannot
+  // complete: an elastic round kolorun gave up on (core/src/elastic/round_store.h).
+  // Waits in the store are the store's to cut short. Null = wait until `timeout`.
+  std::function<void()> rendezvous_check;
 };
 
 // Backend names accepted by make_communicator.

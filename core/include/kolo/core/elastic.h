@@ -202,6 +202,10 @@ struct RunOptions {
   // Passed to every kolo::init of a round (backend, timeout). Its env, when
   // set, replaces the process environment.
   InitOptions init;
+  // Called with each round's membership right after joining it, before
+  // kolo::init (e.g. to pick a device by local_rank). An exception from it
+  // propagates like one from `train`.
+  std::function<void(const Membership&)> on_join;
 };
 
 // Runs `train` elastically. Outside elastic mode (no KOLO_ELASTIC=1) it

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -36,6 +37,14 @@ struct InitOptions {
   // "elastic/round<g>/init": their ranks are numbered afresh in every round,
   // so a per-rank counter would disagree between old and new workers.
   std::optional<std::string> store_prefix;
+  // A connected store to rendezvous through instead of connecting to
+  // KOLO_STORE_ADDR / MASTER_ADDR (store_prefix still applies). Elastic
+  // rounds pass one whose waits give up when kolorun declares the round
+  // failed (core/src/elastic/round_store.h).
+  std::shared_ptr<Store> store;
+  // Passed to every communicator this runtime builds (the world's and,
+  // later, the engine's): see CommunicatorOptions::rendezvous_check.
+  std::function<void()> rendezvous_check;
 };
 
 class Runtime {
