@@ -19,6 +19,9 @@
 //   6. start every worker from rank 0's weights and optimizer state
 //      (or from a checkpoint)
 //   7. train; average the metrics across workers; rank 0 prints and saves
+//
+// With --elastic (under kolorun --min-np/--max-np) the same training survives
+// workers dying and joining: see run_elastic() below and docs/elastic.md.
 #include <malloc.h>
 #include <torch/torch.h>
 
@@ -27,6 +30,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -60,7 +65,9 @@ struct Flags {
   int zero_stage = 0;                // 0 = DistributedOptimizer, 1-3 = ZeRO stage (docs/zero.md)
   std::string data_dir = fashion_mnist::kDefaultDataDir;
   uint64_t seed = 42;
-  int progress_lines = 10;  // progress lines per epoch on rank 0
+  int progress_lines = 10;    // progress lines per epoch on rank 0
+  bool elastic = false;       // train with kolo::elastic::run (kolorun --min-np/--max-np)
+  int64_t commit_every = 20;  // --elastic: steps between commits
 };
 
 int default_threads() {
@@ -348,6 +355,154 @@ int run(const Flags& flags) {
   return 0;
 }
 
+// --- Elastic training (--elastic) --------------------------------------------
+//
+//   kolorun -np 3 --min-np 2 build/examples/fashion_mnist/fashion_mnist --elastic
+//
+// The same recipe for a world that may change while it trains: a worker dies
+// (killed, its host gone) or kolorun starts a new one. kolorun decides each
+// world (a "round"); kolo::elastic::run calls train() once per round with kolo
+// initialised for it. What must survive a change is a kolo::elastic::TorchState:
+// the model, Adam's state, the epoch, the step and how many of the epoch's
+// images the whole world has taken. Every --commit-every steps (and at the end
+// of every epoch) the workers commit it, an in-memory snapshot. After a change
+// every worker returns to the last commit of rank 0 (the oldest survivor), and
+// the new world shares out the images of the epoch not yet taken. The steps
+// done since that commit are done again: at most --commit-every of them.
+// (docs/elastic.md)
+int run_elastic(const Flags& flags) {
+  const int threads = flags.threads > 0 ? flags.threads : default_threads();
+  torch::set_num_threads(threads);
+  keep_freed_memory();
+
+  // Data, model and optimizer as in run(), built once: they outlive the rounds.
+  fashion_mnist::Split train = fashion_mnist::load_split(flags.data_dir, "train");
+  fashion_mnist::Split test = fashion_mnist::load_split(flags.data_dir, "t10k");
+  if (flags.train_subset > 0 && flags.train_subset < train.images.size(0)) {
+    train = {train.images.slice(0, 0, flags.train_subset),
+             train.labels.slice(0, 0, flags.train_subset)};
+  }
+  if (flags.test_subset > 0 && flags.test_subset < test.images.size(0)) {
+    test = {test.images.slice(0, 0, flags.test_subset), test.labels.slice(0, 0, flags.test_subset)};
+  }
+  const int64_t train_size = train.images.size(0);
+  torch::manual_seed(flags.seed);
+  Cnn model;
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(flags.lr));
+
+  // The state that survives a change. With --checkpoint-dir rank 0 also
+  // writes every commit to <dir>/elastic.commit, and --resume starts from it.
+  kolo::DistributedSamplerOptions shard;
+  shard.seed = flags.seed;
+  kolo::elastic::State::Options commit_options;
+  if (!flags.checkpoint_dir.empty()) {
+    std::filesystem::create_directories(flags.checkpoint_dir);
+    commit_options.commit_path = flags.checkpoint_dir + "/elastic.commit";
+  }
+  kolo::elastic::TorchState state(*model, &adam, static_cast<size_t>(train_size), shard,
+                                  commit_options);
+  if (flags.resume) {
+    std::ifstream file(commit_options.commit_path, std::ios::binary);
+    if (!file) {
+      std::fprintf(stderr,
+                   "fashion_mnist: --resume: cannot read %s (written by an --elastic run "
+                   "with the same --checkpoint-dir)\n",
+                   commit_options.commit_path.c_str());
+      return 1;
+    }
+    const std::string bytes((std::istreambuf_iterator<char>(file)), {});
+    state.load_commit(kolo::Bytes(bytes.begin(), bytes.end()));
+  }
+
+  std::vector<EpochRecord> records;
+  int workers = 1;
+  kolo::elastic::run(state, [&] {
+    // --- A round: kolo is initialised for this world ---------------------------
+    const int rank = kolo::rank();
+    workers = kolo::size();
+    const bool chief = rank == 0;
+    // Built afresh per round: it belongs to this round's engine.
+    kolo::DistributedOptimizerOptions dist_options;
+    dist_options.compression = kolo::parse_compression(flags.compression);
+    kolo::DistributedOptimizer optimizer(adam, model->named_parameters(), dist_options);
+    // The rate is scaled for this world's size (the warmup counts this world's steps).
+    kolo::LrScheduleOptions schedule_options;
+    schedule_options.base_lr = flags.lr;
+    schedule_options.peak_lr = flags.scale_lr ? kolo::scaled_lr(flags.lr, workers) : flags.lr;
+    schedule_options.warmup_epochs = flags.warmup_epochs;
+    schedule_options.steps_per_epoch =
+        (train_size + flags.batch_size * workers - 1) / (flags.batch_size * workers);
+    const kolo::LrSchedule schedule(schedule_options);
+    torch::manual_seed(flags.seed + 1000003ULL * static_cast<uint64_t>(rank + 1) +
+                       7919ULL * static_cast<uint64_t>(state.round()));
+    if (chief) {
+      std::printf("Round %lld: %d worker(s), %s backend; epoch %lld resumes at step %lld\n",
+                  static_cast<long long>(state.round()), workers, kolo::runtime().world().backend(),
+                  static_cast<long long>(state.epoch + 1), static_cast<long long>(state.batch));
+      std::fflush(stdout);
+    }
+
+    while (state.epoch < flags.epochs) {
+      // This world's share of the images of the epoch not yet taken.
+      kolo::DistributedSampler& sampler = state.sampler();
+      const int64_t left = static_cast<int64_t>(sampler.size()) - sampler.position().next_index;
+      const int64_t steps = state.batch + (left + flags.batch_size - 1) / flags.batch_size;
+      const int64_t log_every = std::max<int64_t>(1, steps / std::max(1, flags.progress_lines));
+      double loss_sum = 0;  // over this worker's images of this epoch in this round
+      int64_t correct = 0;
+      int64_t seen = 0;
+      const Clock::time_point start = Clock::now();
+      while (auto rows = sampler.next(static_cast<size_t>(flags.batch_size))) {
+        const torch::Tensor index =
+            torch::tensor(std::vector<int64_t>(rows->begin(), rows->end()), torch::kLong);
+        const torch::Tensor images = as_input(train.images.index_select(0, index));
+        const torch::Tensor labels = train.labels.index_select(0, index);
+        kolo::apply_lr(adam, schedule.lr(state.epoch, state.batch));
+        optimizer.zero_grad();
+        const torch::Tensor logits = model->forward(images);
+        const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
+        loss.backward();
+        optimizer.step();  // a dead peer makes this throw; run() takes it from there
+        ++state.batch;
+        if (state.batch % flags.commit_every == 0) state.commit();
+
+        loss_sum += loss.item<double>() * static_cast<double>(labels.size(0));
+        correct += logits.argmax(1).eq(labels).sum().item<int64_t>();
+        seen += labels.size(0);
+        if (chief && state.batch % log_every == 0 && state.batch < steps) {
+          print_progress(state.batch, steps, seconds_since(start),
+                         loss_sum / static_cast<double>(seen),
+                         static_cast<double>(correct) / static_cast<double>(seen), false);
+        }
+      }
+      const double epoch_s = seconds_since(start);
+      const double denominator = static_cast<double>(std::max<int64_t>(seen, 1));
+      const double train_loss = kolo::metric_average(loss_sum / denominator, "loss");
+      const double train_accuracy =
+          kolo::metric_average(static_cast<double>(correct) / denominator, "accuracy");
+      const Evaluation eval = evaluate(model, test);
+      if (chief) {
+        print_progress(steps, steps, epoch_s, train_loss, train_accuracy, true);
+        std::printf("Test loss: %.4f - test accuracy: %.4f\n", eval.loss, eval.accuracy);
+        std::fflush(stdout);
+      }
+      // An epoch redone after a change replaces its row.
+      const int epoch = static_cast<int>(state.epoch) + 1;
+      while (!records.empty() && records.back().epoch >= epoch) records.pop_back();
+      records.push_back({epoch, epoch_s, static_cast<double>(seen) * workers / epoch_s, train_loss,
+                         train_accuracy, eval});
+      ++state.epoch;
+      state.batch = 0;
+      state.commit();  // the end of an epoch is always a commit
+    }
+  });
+  if (kolo::rank() == 0 && !records.empty()) {
+    print_summary(records, workers, threads, flags.batch_size * workers);
+  }
+  kolo::shutdown();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -395,6 +550,13 @@ int main(int argc, char** argv) {
   app.add_option("--seed", flags.seed, "Seed shared by all workers")->capture_default_str();
   app.add_option("--progress-lines", flags.progress_lines, "Progress lines per epoch")
       ->capture_default_str();
+  app.add_flag("--elastic", flags.elastic,
+               "Survive workers dying and joining under kolorun --min-np/--max-np "
+               "(docs/elastic.md)");
+  app.add_option("--commit-every", flags.commit_every,
+                 "--elastic: commit the training state every N steps (and at each epoch's end)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   if (flags.resume && flags.checkpoint_dir.empty()) {
     std::fprintf(stderr, "fashion_mnist: --resume needs --checkpoint-dir\n");
@@ -408,8 +570,16 @@ int main(int argc, char** argv) {
                  flags.compression.c_str(), flags.zero_stage);
     return 2;
   }
+  if (flags.elastic && flags.zero_stage != 0) {
+    std::fprintf(stderr,
+                 "fashion_mnist: --elastic cannot be combined with --zero-stage %d: ZeRO shards "
+                 "Adam's state across a fixed set of workers, while an elastic commit holds the "
+                 "whole state on every worker; use --zero-stage 0 (the default) with --elastic\n",
+                 flags.zero_stage);
+    return 2;
+  }
   try {
-    return run(flags);
+    return flags.elastic ? run_elastic(flags) : run(flags);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fashion_mnist: error: %s\n", e.what());
     return 1;

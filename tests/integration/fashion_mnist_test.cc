@@ -1,13 +1,18 @@
 // The Fashion-MNIST example end to end through kolorun with 2 workers, on a
 // small subset: it trains, prints rank 0's report, reaches a sane accuracy,
-// and resumes from its checkpoint.
+// and resumes from its checkpoint; with --elastic on 3 workers it survives one
+// of them being killed mid-epoch.
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -98,6 +103,75 @@ TEST_F(FashionMnistExample, TrainsOnTwoWorkersThroughKolorunAndResumes) {
   std::filesystem::remove_all(dir);
 }
 
+// The pid of kolorun's child with KOLO_WORKER_ID=`id` (-1 if none).
+pid_t worker_pid(pid_t kolorun, int id) {
+  const std::string wanted = "KOLO_WORKER_ID=" + std::to_string(id);
+  pid_t found = -1;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    const std::string text((std::istreambuf_iterator<char>(stat)), {});
+    const size_t paren = text.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::istringstream fields(text.substr(paren + 1));
+    char state;
+    pid_t ppid = 0;
+    fields >> state >> ppid;
+    if (ppid != kolorun) continue;
+    std::ifstream environ(entry.path() / "environ", std::ios::binary);
+    for (std::string variable; std::getline(environ, variable, '\0');) {
+      if (variable == wanted) found = static_cast<pid_t>(std::stol(name));
+    }
+  }
+  return found;
+}
+
+// 3 workers, 1920 images in batches of 32 (20 steps per epoch), committing
+// every 4 steps; worker 2 is SIGKILLed once rank 0 reports step 7. The two
+// others go back to their commit at step 4 (at most one commit interval of
+// work done again), share the epoch's remaining images and finish both epochs.
+TEST_F(FashionMnistExample, ElasticRunSurvivesAKilledWorker) {
+  KolorunProcess job({"-np", "3", "--min-np", "2", "--cooldown", "60", example_path(), "--elastic",
+                      "--commit-every", "4", "--epochs", "2", "--train-subset=1920",
+                      "--test-subset=300", "--batch-size=32", "--threads=1",
+                      "--progress-lines=1000"});
+  const std::regex step7(R"((^|\n) *7/20 \[)");
+  ASSERT_TRUE(job.wait_for_stdout(
+      [&](const std::string& out) { return std::regex_search(out, step7); }, seconds(90)));
+  const pid_t victim = worker_pid(job.pid(), 2);
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  RunResult r = job.wait(seconds(90));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("Round 1: 3 worker(s)"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("round 2: 2 workers (ids 0,1)"), std::string::npos) << r.err;
+  // The new world resumed from the commit at step 4 or 8 (if step 8 was
+  // committed before the kill landed), within one interval of the kill.
+  std::smatch resumed;
+  const std::regex round2(R"(Round 2: 2 worker\(s\), \w+ backend; epoch 1 resumes at step (\d+))");
+  ASSERT_TRUE(std::regex_search(r.out, resumed, round2)) << r.out;
+  const int from = std::stoi(resumed[1]);
+  EXPECT_TRUE(from == 4 || from == 8) << r.out;
+  // Epoch 1 ends with the 2 survivors: 20 - from / ... steps in all, the last
+  // line of an epoch reporting its whole length; then epoch 2 runs on 2.
+  EXPECT_NE(r.out.find("Summary: 2 worker(s)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("30/30 ["), std::string::npos) << r.out;  // epoch 2: 1920 / 64 steps
+  const auto accuracy = values_after(r.out, "test accuracy");
+  ASSERT_EQ(accuracy.size(), 2u) << r.out;
+  EXPECT_GT(accuracy.back(), 0.5) << r.out;
+}
+
+TEST_F(FashionMnistExample, ElasticWithZeroIsAClearError) {
+  RunResult r =
+      run_kolorun({"-np", "1", example_path(), "--elastic", "--zero-stage", "2"}, seconds(60));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--elastic cannot be combined with --zero-stage 2"), std::string::npos)
+      << r.err;
+}
+
 TEST_F(FashionMnistExample, MissingDataIsAClearErrorNamingTheFileAndPackage) {
   RunResult r =
       run_kolorun({"-np", "2", example_path(), "--data-dir", "/nonexistent/fmnist"}, seconds(60));
@@ -128,6 +202,54 @@ TEST_F(FashionMnistExample, TruncatedFileIsAClearErrorNamingIt) {
   EXPECT_NE(r.err.find((dir / "train-images-idx3-ubyte.gz").string()), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("truncated"), std::string::npos) << r.err;
   fs::remove_all(dir);
+}
+
+// --zero-stage 3 (kolo::ZeroOptimizer: parameters, gradients and Adam state
+// sharded; every layer a ShardedUnit): 2 workers train one epoch and each
+// writes its shard; one worker resumes from them for the second epoch (a
+// sharded checkpoint loads at another world size).
+TEST_F(FashionMnistExample, ZeroStage3TrainsAndResumesAtAnotherWorkerCount) {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("kolo-fashion-mnist-zero-test-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  const std::vector<std::string> flags = {example_path(),       "--zero-stage=3",
+                                          "--train-subset=1000", "--test-subset=300",
+                                          "--batch-size=32",     "--threads=1",
+                                          "--checkpoint-dir=" + dir, "--progress-lines=1"};
+  std::vector<std::string> first = {"-np", "2"};
+  first.insert(first.end(), flags.begin(), flags.end());
+  first.insert(first.end(), {"--epochs", "1"});
+  RunResult r = run_kolorun(first, seconds(120));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("ZeRO stage 3"), std::string::npos) << r.out;
+  const auto first_accuracy = values_after(r.out, "test accuracy");
+  ASSERT_EQ(first_accuracy.size(), 1u) << r.out;
+  EXPECT_GT(first_accuracy[0], 0.4) << r.out;
+  for (const char* file : {"index.kolo", "shard-0-of-2.kolo", "shard-1-of-2.kolo"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/zero/" + file)) << file;
+  }
+
+  std::vector<std::string> second = {"-np", "1"};
+  second.insert(second.end(), flags.begin(), flags.end());
+  second.insert(second.end(), {"--epochs", "2", "--resume"});
+  r = run_kolorun(second, seconds(120));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("Resumed from " + dir + "/zero after epoch 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Epoch 2/2"), std::string::npos) << r.out;
+  const auto second_accuracy = values_after(r.out, "test accuracy");
+  ASSERT_EQ(second_accuracy.size(), 1u) << r.out;
+  EXPECT_GT(second_accuracy[0], 0.5) << r.out;
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(FashionMnistExample, BadZeroStageIsAClearError) {
+  RunResult r = run_kolorun({"-np", "1", example_path(), "--zero-stage", "4"}, seconds(60));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--zero-stage: is '4'; use 0 (DistributedOptimizer"), std::string::npos)
+      << r.err;
 }
 
 }  // namespace
