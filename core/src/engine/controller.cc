@@ -77,7 +77,7 @@ void Controller::ship_params(double cycle_time_ms, int64_t fusion_threshold_byte
   params_fusion_threshold_bytes_ = fusion_threshold_bytes;
 }
 
-Controller::Outcome Controller::negotiate(bool shutting_down) {
+Controller::Outcome Controller::negotiate(bool shutting_down, bool busy_elsewhere) {
   Outcome out;
   const Clock::time_point now = Clock::now();
 
@@ -104,7 +104,7 @@ Controller::Outcome Controller::negotiate(bool shutting_down) {
   bits_.assign(kFlagCount + slots, 0);
   bits_[kFlagNothingToSend] = to_send ? 0 : 1;
   bits_[kFlagNotShuttingDown] = shutting_down ? 0 : 1;
-  bits_[kFlagIdle] = local_.empty() ? 1 : 0;
+  bits_[kFlagIdle] = local_.empty() && !busy_elsewhere ? 1 : 0;
   for (const auto& [name, local] : local_) {
     if (local.status == LocalStatus::kCached) bits_[kFlagCount + local.slot] = 1;
   }

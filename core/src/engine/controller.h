@@ -14,7 +14,8 @@
 // 1. Bit vector, ONE allreduce (u8, MIN), length 3 + cache slot_count():
 //      [0] 1 = "I have nothing to send"       (MIN = 0: someone has: full round)
 //      [1] 1 = "I am not shutting down"       (MIN = 0: every engine stops now)
-//      [2] 1 = "I have nothing pending"       (MIN = 1: the world is idle)
+//      [2] 1 = "I have nothing pending"       (MIN = 1: the world is idle; set 0
+//              counts the rank's requests in every set)
 //      [3 + c] 1 = "I have a CACHED request for cache slot c"
 //    MIN acts as AND on the slot bits and, on the inverted flags, as OR.
 //    Because every rank's cache holds the same names in the same slots (see
@@ -108,7 +109,7 @@ class Controller {
   struct Outcome {
     std::vector<ResponsePtr> responses;  // execution order, identical on every rank
     bool shutdown = false;               // some rank is shutting down: stop now
-    bool idle = false;                   // no rank has anything pending
+    bool idle = false;                   // no rank has anything pending in any set
     bool full_round = false;
     bool has_params = false;
     double cycle_time_ms = 0;
@@ -119,8 +120,10 @@ class Controller {
     uint64_t cache_evictions = 0;
   };
   // One negotiation round (collective on the set's communicator). Throws the
-  // communicator's RuntimeFault / TimeoutError.
-  Outcome negotiate(bool shutting_down);
+  // communicator's RuntimeFault / TimeoutError. `busy_elsewhere`: this rank
+  // has requests pending outside this controller (other process sets), so it
+  // must not count as idle (Outcome::idle lets idle engines stop cycling).
+  Outcome negotiate(bool shutting_down, bool busy_elsewhere = false);
 
   bool any_joined() const { return joined_count_ > 0; }
 

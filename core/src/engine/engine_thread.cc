@@ -14,12 +14,21 @@ using detail::world_ranks_text;
 
 namespace {
 
-// A globally idle engine with a cycle time below this waits up to this long
-// for local work instead of spinning through empty negotiations.
-constexpr std::chrono::microseconds kIdleWait{1000};
-// Consecutive globally idle cycles before that backoff starts (~ a few ms of
-// idleness at cycle time 0, so bursts of work keep the lowest latency).
-constexpr int kIdleCyclesBeforeBackoff = 200;
+// An engine whose whole world has nothing pending in any set stops
+// negotiating every cycle: after this many consecutive idle cycles it blocks
+// until local work arrives, up to kIdleWait, and then sleeps one cycle to
+// batch what follows. Training is idle through every forward pass; cycling
+// through it woke each rank's engine thread every millisecond, each time for
+// an allreduce in which a rank waits for its peer (spinning briefly) on cores
+// the compute needs. (The Fashion-MNIST CNN at 2 workers on 2 cores used
+// about 3% less CPU time per step without those wake-ups.)
+// Since all ranks submit the same names, a rank that wakes for local work
+// waits in the negotiation (asleep, after the communicator's short spin)
+// only until its peers submit theirs.
+constexpr int kIdleCyclesBeforeBackoff = 2;
+// Bounds the wait, so that the stall inspector and an idle peer's late
+// shutdown are still seen within this long.
+constexpr std::chrono::milliseconds kIdleWait{20};
 
 }  // namespace
 
@@ -91,7 +100,12 @@ void Engine::Impl::run() {
       bool idle = false;
       for (size_t i = 0; i < active.size(); ++i) {
         SetState& set = *active[i];
-        Controller::Outcome outcome = set.controller->negotiate(i == 0 && shutdown_requested);
+        bool busy_elsewhere = false;  // requests pending in other sets keep set 0 cycling
+        if (i == 0) {
+          for (size_t j = 1; j < active.size(); ++j) busy_elsewhere |= !active[j]->pending.empty();
+        }
+        Controller::Outcome outcome =
+            set.controller->negotiate(i == 0 && shutdown_requested, busy_elsewhere);
         if (outcome.shutdown) {
           stop = true;
           break;
@@ -127,8 +141,10 @@ void Engine::Impl::run() {
       const auto cycle = std::chrono::duration_cast<Clock::duration>(
           std::chrono::duration<double, std::milli>(cycle_ms));
       const auto elapsed = Clock::now() - start;
-      if (idle_cycles > kIdleCyclesBeforeBackoff && cycle < kIdleWait) {
-        queue.wait_for_work(kIdleWait);
+      if (idle_cycles >= kIdleCyclesBeforeBackoff) {
+        if (queue.wait_for_work(kIdleWait) && cycle > Clock::duration::zero()) {
+          waker->sleep_for(cycle);  // work arrived: gather a cycle's worth first
+        }
       } else if (elapsed < cycle) {
         waker->sleep_for(cycle - elapsed);  // a caller blocking in wait() ends it early
       }

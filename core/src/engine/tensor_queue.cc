@@ -101,9 +101,10 @@ void TensorQueue::recycle(std::vector<Finished>& finished) {
   finished.clear();
 }
 
-void TensorQueue::wait_for_work(std::chrono::microseconds timeout) {
+bool TensorQueue::wait_for_work(std::chrono::microseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
   work_.wait_for(lock, timeout, [&] { return !queue_.empty() || woken_; });
+  return !queue_.empty();
 }
 
 void TensorQueue::wake() {

@@ -62,7 +62,8 @@ class TensorQueue {
   // name and shape buffers: steady-state training resubmits the same names.
   void recycle(std::vector<Finished>& finished);
   // Blocks until something is queued or `timeout` passes (idle engine).
-  void wait_for_work(std::chrono::microseconds timeout);
+  // Returns true if something is queued.
+  bool wait_for_work(std::chrono::microseconds timeout);
   // Wakes wait_for_work (shutdown).
   void wake();
 
