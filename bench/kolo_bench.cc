@@ -6,6 +6,8 @@
 //     (a plain process, not under kolorun: it starts the workers; built with libtorch)
 //   kolo-bench zero [--steps 3] [--workers 1,2,4] [--json] [--docs docs/benchmarks.md]
 //     (a plain process; ZeRO stages vs DistributedOptimizer; built with libtorch)
+//   kolo-bench elastic [--repeats 3] [--commit-every 10] [--json] [--docs docs/benchmarks.md]
+//     (a plain process; kills a worker of the elastic Fashion-MNIST example under kolorun)
 //
 // Each mode is one subcommand in its own file; every mode prints a table,
 // prints JSON rows with --json, and with --docs rewrites its own section of
@@ -15,6 +17,7 @@
 #include <iostream>
 
 #include "collectives_bench.h"
+#include "elastic_bench.h"
 #include "engine_bench.h"
 #include "kolo/core/errors.h"
 #ifdef KOLO_BENCH_HAVE_SCALING
@@ -166,8 +169,46 @@ int main(int argc, char** argv) {
   zero_sub->add_option("--mode", zero_worker.mode)->group("");
 #endif
 
+  kolo::bench::ElasticBenchOptions elastic;
+  elastic.command_line = command_line;
+  auto* elastic_sub = app.add_subcommand(
+      "elastic",
+      "recovery time and lost steps when one of 3 workers of the elastic Fashion-MNIST example "
+      "is SIGKILLed under kolorun --min-np");
+  elastic_sub->add_option("--repeats", elastic.repeats, "runs, one row each")
+      ->check(CLI::PositiveNumber);
+  elastic_sub->add_option("--workers", elastic.workers, "workers before the kill (-np)")
+      ->check(CLI::Range(2, 64));
+  elastic_sub->add_option("--commit-every", elastic.commit_every, "steps between commits")
+      ->check(CLI::PositiveNumber);
+  elastic_sub->add_option("--kill-at-step", elastic.kill_at_step,
+                          "kill when rank 0 reports this step (default 3 x commit-every - 1)");
+  elastic_sub->add_option("--batch", elastic.batch, "images per worker per step")
+      ->check(CLI::PositiveNumber);
+  elastic_sub->add_option("--threads", elastic.threads, "threads per worker")
+      ->check(CLI::PositiveNumber);
+  elastic_sub->add_option("--steps-after", elastic.steps_after,
+                          "steps of the new world watched before the job is stopped")
+      ->check(CLI::PositiveNumber);
+  elastic_sub->add_flag("--finish", elastic.finish,
+                        "let each job train to its end after the recovery and require exit 0");
+  elastic_sub->add_option("--epochs", elastic.epochs, "epochs of each job")
+      ->check(CLI::PositiveNumber);
+  elastic_sub->add_option("--train-subset", elastic.train_subset,
+                          "train on the first N images (0 = all 60000)")
+      ->check(CLI::NonNegativeNumber);
+  elastic_sub->add_option("--run-timeout", elastic.run_timeout_s, "seconds per run")
+      ->check(CLI::PositiveNumber);
+  elastic_sub->add_option("--data-dir", elastic.data_dir, "Fashion-MNIST's gzipped IDX files");
+  elastic_sub->add_flag("--json", elastic.json, "one JSON object per row instead of the table");
+  elastic_sub->add_option("--docs", elastic.docs_path,
+                          "rewrite the elastic section of this markdown file");
+  elastic_sub->add_option("--kolorun", elastic.kolorun, "path of kolorun");
+  elastic_sub->add_option("--example", elastic.example, "path of the fashion_mnist example");
+
   CLI11_PARSE(app, argc, argv);
   try {
+    if (*elastic_sub) return kolo::bench::run_elastic_bench(elastic);
 #ifdef KOLO_BENCH_HAVE_ZERO
     if (*zero_sub) {
       if (!zero_is_worker) return kolo::bench::run_zero_bench(zero);
