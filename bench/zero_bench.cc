@@ -2,6 +2,7 @@
 #include "zero_bench.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -52,6 +53,90 @@ std::vector<nlohmann::json> rows_of(const std::string& out) {
 
 std::string mib(int64_t bytes) { return format_fixed(static_cast<double>(bytes) / (1 << 20), 1); }
 
+using Configs = std::map<std::pair<std::string, int>, nlohmann::json>;
+
+double field(const nlohmann::json& row, const char* key) { return row.at(key).get<double>(); }
+
+// The targets, evaluated on the measured rows: one table row per
+// target and world size (memory at every N >= 2, step time at N = 2).
+Report targets_report(const Configs& by_config, const std::vector<int>& workers) {
+  Report t;
+  t.title = "ZeRO targets (each stage against ddp at the same worker count)";
+  t.columns = {"target", "workers", "measured", "result"};
+  auto find = [&](const std::string& mode, int n) -> const nlohmann::json* {
+    auto it = by_config.find({mode, n});
+    return it == by_config.end() ? nullptr : &it->second;
+  };
+  auto add = [&](const std::string& target, int n, const std::string& measured, bool met) {
+    t.add_row({target, std::to_string(n), measured, met ? "met" : "NOT met"},
+              {{"target", target}, {"world_size", n}, {"measured", measured}, {"met", met}});
+  };
+  // measured / (ddp's / N): 1.000 is exactly 1/N.
+  auto per_n = [&](const nlohmann::json& row, const nlohmann::json& ddp, const char* key, int n) {
+    return field(row, key) / (field(ddp, key) / n);
+  };
+  for (int n : workers) {
+    const nlohmann::json* ddp = find("ddp", n);
+    if (ddp == nullptr || n < 2) continue;
+    if (const nlohmann::json* s1 = find("1", n)) {
+      const double r = per_n(*s1, *ddp, "optimizer_state_bytes", n);
+      add("stage 1: Adam state = ddp's / N within 2%", n, format_fixed(r, 4) + " x 1/N",
+          std::abs(r - 1) <= 0.02);
+    }
+    if (const nlohmann::json* s2 = find("2", n)) {
+      const double state = per_n(*s2, *ddp, "optimizer_state_bytes", n);
+      const double grads = per_n(*s2, *ddp, "grad_bytes", n);
+      add("stage 2: Adam state and gradients = ddp's / N within 2%", n,
+          "state " + format_fixed(state, 4) + ", grads " + format_fixed(grads, 4) + " x 1/N",
+          std::abs(state - 1) <= 0.02 && std::abs(grads - 1) <= 0.02);
+    }
+    if (const nlohmann::json* s3 = find("3", n)) {
+      // The peak over the step (a unit gathered for forward or backward), not
+      // just what is held after it.
+      const double bound = field(*ddp, "param_bytes") / n + field(*s3, "largest_unit_bytes");
+      const double peak = field(*s3, "peak_param_bytes");
+      add("stage 3: peak parameters <= ddp's / N + largest unit", n,
+          mib(static_cast<int64_t>(peak)) + " MiB (bound " + mib(static_cast<int64_t>(bound)) +
+              " MiB)",
+          peak <= bound);
+    }
+    // Peak RSS falls with each stage: ddp > 1 > 2 > 3 (where measured).
+    std::string measured;
+    bool falls = true;
+    double previous = 0;
+    for (const char* mode : {"ddp", "1", "2", "3"}) {
+      const nlohmann::json* row = find(mode, n);
+      if (row == nullptr) continue;
+      const double rss = field(*row, "peak_rss_bytes");
+      if (!measured.empty()) {
+        measured += " > ";
+        falls = falls && rss < previous;
+      }
+      measured += mib(static_cast<int64_t>(rss));
+      previous = rss;
+    }
+    add("peak RSS per rank falls: ddp > stage 1 > stage 2 > stage 3 (MiB)", n, measured, falls);
+    if (n != 2) continue;
+    for (const char* mode : {"1", "2", "3"}) {
+      const nlohmann::json* row = find(mode, n);
+      if (row == nullptr) continue;
+      const double ratio = field(*row, "step_ms") / field(*ddp, "step_ms");
+      if (std::string(mode) == "3") {
+        t.add_row({"stage 3: step time reported", std::to_string(n),
+                   format_fixed(ratio, 2) + "x ddp", "reported"},
+                  {{"target", "stage 3: step time reported"},
+                   {"world_size", n},
+                   {"measured", format_fixed(ratio, 2) + "x ddp"},
+                   {"met", true}});
+      } else {
+        add(std::string("stage ") + mode + ": step time <= 1.3x ddp", n,
+            format_fixed(ratio, 2) + "x", ratio <= 1.3);
+      }
+    }
+  }
+  return t;
+}
+
 }  // namespace
 
 int run_zero_bench(const ZeroBenchOptions& options) {
@@ -70,7 +155,7 @@ int run_zero_bench(const ZeroBenchOptions& options) {
   report.columns = {"mode",           "workers",        "params MiB",
                     "grads MiB",      "Adam state MiB", "peak params MiB",
                     "peak total MiB", "peak RSS MiB",   "step ms"};
-  std::map<std::pair<std::string, int>, nlohmann::json> by_config;
+  Configs by_config;
   bool failed = false;
   for (int workers : options.workers) {
     for (const std::string& mode : options.modes) {
@@ -94,7 +179,7 @@ int run_zero_bench(const ZeroBenchOptions& options) {
       nlohmann::json row = {{"mode", mode}, {"world_size", workers}};
       for (const char* key :
            {"param_bytes", "grad_bytes", "optimizer_state_bytes", "peak_param_bytes",
-            "peak_grad_bytes", "peak_total_bytes", "peak_rss_bytes"}) {
+            "peak_grad_bytes", "peak_total_bytes", "peak_rss_bytes", "largest_unit_bytes"}) {
         int64_t most = 0;
         for (const auto& r : rows) most = std::max(most, r.at(key).get<int64_t>());
         row[key] = most;
@@ -137,16 +222,18 @@ int run_zero_bench(const ZeroBenchOptions& options) {
     }
   }
 
+  const Report targets = targets_report(by_config, options.workers);
   if (options.json) {
     for (const auto& row : report.json_rows) std::cout << row.dump() << "\n";
   } else {
-    std::cout << report.text() << "\n";
+    std::cout << report.text() << "\n" << targets.text() << "\n";
   }
   if (!options.docs_path.empty()) {
     std::string body = "Command: `" + options.command_line +
                        "` (a plain process: every configuration runs in fresh workers started "
                        "through kolorun)\n\n**" +
-                       report.title + "**\n\n" + report.markdown() + "\n";
+                       report.title + "**\n\n" + report.markdown() + "\n**" + targets.title +
+                       "**\n\n" + targets.markdown() + "\n";
     write_docs_section(options.docs_path, "zero", body);
     std::cout << "wrote the zero section of " << options.docs_path << "\n";
   }

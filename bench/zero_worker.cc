@@ -6,6 +6,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -120,6 +121,15 @@ int run_zero_worker(const ZeroWorkerOptions& options) {
     row["peak_grad_bytes"] = grads;
     row["peak_total_bytes"] = params + grads + state;
   }
+  // The largest unit (one Linear's weight and bias): stage 3's bound on the
+  // parameters gathered at once is 1/N of the model plus this.
+  int64_t largest_unit = 0;
+  for (const auto& child : model->children()) {
+    int64_t unit = 0;
+    for (const auto& p : child->parameters()) unit += bytes_of(p);
+    largest_unit = std::max(largest_unit, unit);
+  }
+  row["largest_unit_bytes"] = largest_unit;
   row["peak_rss_bytes"] = peak_rss_bytes();
   std::printf("%s\n", row.dump().c_str());
   std::fflush(stdout);
