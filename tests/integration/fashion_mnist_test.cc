@@ -252,53 +252,5 @@ TEST_F(FashionMnistExample, BadZeroStageIsAClearError) {
       << r.err;
 }
 
-// --zero-stage 3 (kolo::ZeroOptimizer: parameters, gradients and Adam state
-// sharded; every layer a ShardedUnit): 2 workers train one epoch and each
-// writes its shard; one worker resumes from them for the second epoch (a
-// sharded checkpoint loads at another world size).
-TEST_F(FashionMnistExample, ZeroStage3TrainsAndResumesAtAnotherWorkerCount) {
-  const std::string dir = std::filesystem::temp_directory_path() /
-                          ("kolo-fashion-mnist-zero-test-" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
-  const std::vector<std::string> flags = {example_path(),       "--zero-stage=3",
-                                          "--train-subset=1000", "--test-subset=300",
-                                          "--batch-size=32",     "--threads=1",
-                                          "--checkpoint-dir=" + dir, "--progress-lines=1"};
-  std::vector<std::string> first = {"-np", "2"};
-  first.insert(first.end(), flags.begin(), flags.end());
-  first.insert(first.end(), {"--epochs", "1"});
-  RunResult r = run_kolorun(first, seconds(120));
-  ASSERT_FALSE(r.timed_out) << r.out << r.err;
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("ZeRO stage 3"), std::string::npos) << r.out;
-  const auto first_accuracy = values_after(r.out, "test accuracy");
-  ASSERT_EQ(first_accuracy.size(), 1u) << r.out;
-  EXPECT_GT(first_accuracy[0], 0.4) << r.out;
-  for (const char* file : {"index.kolo", "shard-0-of-2.kolo", "shard-1-of-2.kolo"}) {
-    EXPECT_TRUE(std::filesystem::exists(dir + "/zero/" + file)) << file;
-  }
-
-  std::vector<std::string> second = {"-np", "1"};
-  second.insert(second.end(), flags.begin(), flags.end());
-  second.insert(second.end(), {"--epochs", "2", "--resume"});
-  r = run_kolorun(second, seconds(120));
-  ASSERT_FALSE(r.timed_out) << r.out << r.err;
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("Resumed from " + dir + "/zero after epoch 1"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("Epoch 2/2"), std::string::npos) << r.out;
-  const auto second_accuracy = values_after(r.out, "test accuracy");
-  ASSERT_EQ(second_accuracy.size(), 1u) << r.out;
-  EXPECT_GT(second_accuracy[0], 0.5) << r.out;
-  std::filesystem::remove_all(dir);
-}
-
-TEST_F(FashionMnistExample, BadZeroStageIsAClearError) {
-  RunResult r = run_kolorun({"-np", "1", example_path(), "--zero-stage", "4"}, seconds(60));
-  ASSERT_FALSE(r.timed_out) << r.out << r.err;
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("--zero-stage: is '4'; use 0 (DistributedOptimizer"), std::string::npos)
-      << r.err;
-}
-
 }  // namespace
 }  // namespace kolo::kolorun_test
