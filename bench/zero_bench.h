@@ -13,7 +13,9 @@
 // after the last step (ZeroOptimizer::memory(); for ddp counted from the
 // model's tensors and the optimizer's state the same way), the accounting's
 // peaks, VmHWM and the mean step time. The driver keeps, per configuration,
-// the largest value over the ranks.
+// the largest value over the ranks, and evaluates the targets on the
+// rows (a second table: 1/N state and gradients, stage 3's peak parameters
+// against 1/N + the largest unit, peak RSS falling, step time at 2 workers).
 #pragma once
 
 #include <string>
