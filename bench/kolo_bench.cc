@@ -152,7 +152,8 @@ int main(int argc, char** argv) {
       "zero",
       "per-rank memory (parameters, gradients, Adam state, peak RSS) and step time of ZeRO "
       "stages 1-3 against DistributedOptimizer on a ~100 M-parameter model");
-  zero_sub->add_option("--modes", zero.modes, "ddp, 1, 2, 3")->delimiter(',');
+  zero_sub->add_option("--modes", zero.modes, "ddp, 1, 2, 3 (3 runs with and without prefetch)")
+      ->delimiter(',');
   zero_sub->add_option("--workers", zero.workers, "worker counts")->delimiter(',');
   zero_sub->add_option("--layers", zero.layers, "Linear layers")->check(CLI::PositiveNumber);
   zero_sub->add_option("--width", zero.width, "features per layer")->check(CLI::PositiveNumber);
@@ -167,6 +168,7 @@ int main(int argc, char** argv) {
   zero_sub->add_option("--kolorun", zero.kolorun, "path of kolorun");
   zero_sub->add_flag("--worker", zero_is_worker)->group("");
   zero_sub->add_option("--mode", zero_worker.mode)->group("");
+  zero_sub->add_flag("--no-prefetch", zero_worker.no_prefetch)->group("");
 #endif
 
   kolo::bench::ElasticBenchOptions elastic;

@@ -19,6 +19,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The configuration key of stage 3 run with ZeroOptions::prefetch = false.
+constexpr const char* kStage3NoPrefetch = "3/no-prefetch";
+
 std::string self_path() {
   std::error_code ec;
   const fs::path p = fs::read_symlink("/proc/self/exe", ec);
@@ -90,15 +93,25 @@ Report targets_report(const Configs& by_config, const std::vector<int>& workers)
           "state " + format_fixed(state, 4) + ", grads " + format_fixed(grads, 4) + " x 1/N",
           std::abs(state - 1) <= 0.02 && std::abs(grads - 1) <= 0.02);
     }
-    if (const nlohmann::json* s3 = find("3", n)) {
-      // The peak over the step (a unit gathered for forward or backward), not
-      // just what is held after it.
+    // The peak over the step (a unit gathered for forward or backward), not
+    // just what is held after it. The bound holds without prefetch; with it
+    // (the default) the next unit is gathered while one runs: reported.
+    if (const nlohmann::json* s3 = find(kStage3NoPrefetch, n)) {
       const double bound = field(*ddp, "param_bytes") / n + field(*s3, "largest_unit_bytes");
       const double peak = field(*s3, "peak_param_bytes");
-      add("stage 3: peak parameters <= ddp's / N + largest unit", n,
+      add("stage 3 (no prefetch): peak parameters <= ddp's / N + largest unit", n,
           mib(static_cast<int64_t>(peak)) + " MiB (bound " + mib(static_cast<int64_t>(bound)) +
               " MiB)",
           peak <= bound);
+    }
+    if (const nlohmann::json* s3 = find("3", n)) {
+      const double one_unit = field(*ddp, "param_bytes") / n + field(*s3, "largest_unit_bytes");
+      const std::string measured = mib(static_cast<int64_t>(field(*s3, "peak_param_bytes"))) +
+                                   " MiB (1/N + one unit: " + mib(static_cast<int64_t>(one_unit)) +
+                                   " MiB)";
+      const std::string target = "stage 3 with prefetch: peak parameters (1/N + two units)";
+      t.add_row({target, std::to_string(n), measured, "reported"},
+                {{"target", target}, {"world_size", n}, {"measured", measured}, {"met", true}});
     }
     // Peak RSS falls with each stage: ddp > 1 > 2 > 3 (where measured).
     std::string measured;
@@ -157,15 +170,24 @@ int run_zero_bench(const ZeroBenchOptions& options) {
                     "peak total MiB", "peak RSS MiB",   "step ms"};
   Configs by_config;
   bool failed = false;
+  // Configurations: each mode, and stage 3 once more without prefetch
+  // (keyed "3/no-prefetch"; its JSON rows say mode 3, prefetch false).
+  std::vector<std::string> configs;
+  for (const std::string& mode : options.modes) {
+    configs.push_back(mode);
+    if (mode == "3") configs.push_back(kStage3NoPrefetch);
+  }
   for (int workers : options.workers) {
-    for (const std::string& mode : options.modes) {
+    for (const std::string& config : configs) {
+      const bool no_prefetch = config == kStage3NoPrefetch;
+      const std::string mode = no_prefetch ? "3" : config;
       std::ostringstream command;
       command << "'" << kolorun << "' -np " << workers << " --job-timeout "
               << options.config_timeout_s << " '" << self << "' zero --worker --mode " << mode
               << " --layers " << options.layers << " --width " << options.width << " --batch "
               << options.batch << " --steps " << options.steps << " --warmup-steps "
-              << options.warmup_steps;
-      std::cerr << "kolo-bench zero: mode " << mode << ", " << workers << " worker(s)\n";
+              << options.warmup_steps << (no_prefetch ? " --no-prefetch" : "");
+      std::cerr << "kolo-bench zero: mode " << config << ", " << workers << " worker(s)\n";
       const auto [out, status] = run(command.str());
       const std::vector<nlohmann::json> rows = rows_of(out);
       if (status != 0 || static_cast<int>(rows.size()) != workers) {
@@ -177,6 +199,7 @@ int run_zero_bench(const ZeroBenchOptions& options) {
       }
       // The largest value over the ranks (slices differ by one element).
       nlohmann::json row = {{"mode", mode}, {"world_size", workers}};
+      if (mode == "3") row["prefetch"] = !no_prefetch;
       for (const char* key :
            {"param_bytes", "grad_bytes", "optimizer_state_bytes", "peak_param_bytes",
             "peak_grad_bytes", "peak_total_bytes", "peak_rss_bytes", "largest_unit_bytes"}) {
@@ -187,12 +210,12 @@ int run_zero_bench(const ZeroBenchOptions& options) {
       double step_ms = 0;
       for (const auto& r : rows) step_ms = std::max(step_ms, r.at("step_ms").get<double>());
       row["step_ms"] = step_ms;
-      by_config[{mode, workers}] = row;
+      by_config[{config, workers}] = row;
       report.add_row(
-          {mode == "ddp" ? "ddp" : "stage " + mode, std::to_string(workers),
-           mib(row["param_bytes"]), mib(row["grad_bytes"]), mib(row["optimizer_state_bytes"]),
-           mib(row["peak_param_bytes"]), mib(row["peak_total_bytes"]), mib(row["peak_rss_bytes"]),
-           format_fixed(step_ms, 0)},
+          {mode == "ddp" ? "ddp" : "stage " + mode + (no_prefetch ? ", no prefetch" : ""),
+           std::to_string(workers), mib(row["param_bytes"]), mib(row["grad_bytes"]),
+           mib(row["optimizer_state_bytes"]), mib(row["peak_param_bytes"]),
+           mib(row["peak_total_bytes"]), mib(row["peak_rss_bytes"]), format_fixed(step_ms, 0)},
           row);
     }
   }
@@ -206,7 +229,8 @@ int run_zero_bench(const ZeroBenchOptions& options) {
       return row.at(field).get<double>() / ddp->second.at(field).get<double>();
     };
     std::ostringstream note;
-    note << "stage " << mode << " x" << workers << " / ddp x" << workers << ": Adam state "
+    note << "stage " << (mode == kStage3NoPrefetch ? "3 (no prefetch)" : mode) << " x" << workers
+         << " / ddp x" << workers << ": Adam state "
          << format_fixed(ratio("optimizer_state_bytes") * workers, 3) << "/N, grads "
          << format_fixed(ratio("grad_bytes") * workers, 3) << "/N, params "
          << format_fixed(ratio("param_bytes") * workers, 3) << "/N (held after the step), peak RSS "

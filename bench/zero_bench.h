@@ -16,6 +16,8 @@
 // the largest value over the ranks, and evaluates the targets on the
 // rows (a second table: 1/N state and gradients, stage 3's peak parameters
 // against 1/N + the largest unit, peak RSS falling, step time at 2 workers).
+// Stage 3 runs twice: with prefetch (the default, which holds the next unit
+// while one runs) and without (the bound of one unit applies there).
 #pragma once
 
 #include <string>
@@ -40,6 +42,7 @@ struct ZeroBenchOptions {
 
 struct ZeroWorkerOptions {
   std::string mode = "ddp";
+  bool no_prefetch = false;  // stage 3: ZeroOptions::prefetch = false
   int layers = 6;
   int width = 4096;
   int batch = 8;

@@ -68,6 +68,7 @@ int run_zero_worker(const ZeroWorkerOptions& options) {
   } else {
     ZeroOptions zo;
     zo.stage = stage;
+    zo.prefetch = !options.no_prefetch;
     zero = std::make_unique<ZeroOptimizer>(adam, *model, zo);
   }
   torch::manual_seed(1000 + kolo::rank());
@@ -96,6 +97,7 @@ int run_zero_worker(const ZeroWorkerOptions& options) {
   nlohmann::json row = {{"rank", kolo::rank()},
                         {"world_size", kolo::size()},
                         {"mode", options.mode},
+                        {"prefetch", stage == 3 && !options.no_prefetch},
                         {"step_ms", step_ms}};
   if (zero) {
     const ZeroMemory m = zero->memory();
