@@ -33,12 +33,14 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "fashion_mnist_data.h"
+#include "kolo/torch.h"
 #include "model.h"
 #include "training_optimizer.h"
-#include "kolo/torch.h"
 
 namespace {
 
@@ -193,6 +195,20 @@ Evaluation evaluate(Cnn& model, const fashion_mnist::Split& test) {
           kolo::metric_average(static_cast<double>(correct) / n, "test_accuracy")};
 }
 
+// The training and test splits, cut to --train-subset / --test-subset.
+std::pair<fashion_mnist::Split, fashion_mnist::Split> load_data(const Flags& flags) {
+  fashion_mnist::Split train = fashion_mnist::load_split(flags.data_dir, "train");
+  fashion_mnist::Split test = fashion_mnist::load_split(flags.data_dir, "t10k");
+  if (flags.train_subset > 0 && flags.train_subset < train.images.size(0)) {
+    train = {train.images.slice(0, 0, flags.train_subset),
+             train.labels.slice(0, 0, flags.train_subset)};
+  }
+  if (flags.test_subset > 0 && flags.test_subset < test.images.size(0)) {
+    test = {test.images.slice(0, 0, flags.test_subset), test.labels.slice(0, 0, flags.test_subset)};
+  }
+  return {std::move(train), std::move(test)};
+}
+
 int run(const Flags& flags) {
   // --- 1. Initialise kolo; one worker per process, `threads` cores each ----
   kolo::init();  // rank and size from kolorun, mpirun, srun or torchrun; else a world of one
@@ -204,15 +220,8 @@ int run(const Flags& flags) {
   keep_freed_memory();
 
   // --- 2. Data: every worker reads the files, then takes its own shard ----
-  fashion_mnist::Split train = fashion_mnist::load_split(flags.data_dir, "train");
-  fashion_mnist::Split test = fashion_mnist::load_split(flags.data_dir, "t10k");
-  if (flags.train_subset > 0 && flags.train_subset < train.images.size(0)) {
-    train = {train.images.slice(0, 0, flags.train_subset),
-             train.labels.slice(0, 0, flags.train_subset)};
-  }
-  if (flags.test_subset > 0 && flags.test_subset < test.images.size(0)) {
-    test = {test.images.slice(0, 0, flags.test_subset), test.labels.slice(0, 0, flags.test_subset)};
-  }
+  fashion_mnist::Split train, test;
+  std::tie(train, test) = load_data(flags);
   // Each epoch every worker gets a disjoint ceil(N / workers) of the images,
   // reshuffled per epoch with a seed all workers share.
   kolo::DistributedSamplerOptions shard;
@@ -376,15 +385,8 @@ int run_elastic(const Flags& flags) {
   keep_freed_memory();
 
   // Data, model and optimizer as in run(), built once: they outlive the rounds.
-  fashion_mnist::Split train = fashion_mnist::load_split(flags.data_dir, "train");
-  fashion_mnist::Split test = fashion_mnist::load_split(flags.data_dir, "t10k");
-  if (flags.train_subset > 0 && flags.train_subset < train.images.size(0)) {
-    train = {train.images.slice(0, 0, flags.train_subset),
-             train.labels.slice(0, 0, flags.train_subset)};
-  }
-  if (flags.test_subset > 0 && flags.test_subset < test.images.size(0)) {
-    test = {test.images.slice(0, 0, flags.test_subset), test.labels.slice(0, 0, flags.test_subset)};
-  }
+  fashion_mnist::Split train, test;
+  std::tie(train, test) = load_data(flags);
   const int64_t train_size = train.images.size(0);
   torch::manual_seed(flags.seed);
   Cnn model;
