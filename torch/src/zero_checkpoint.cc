@@ -35,12 +35,12 @@ namespace {
 constexpr const char* kIndexFile = "index.kolo";
 constexpr int64_t kFormat = 1;
 
+using detail::bytes_tensor;
+using detail::tensor_bytes;
 using detail::ZeroBucket;
 using detail::ZeroParam;
 using detail::ZeroPiece;
 using detail::ZeroState;
-using detail::bytes_tensor;
-using detail::tensor_bytes;
 
 [[noreturn]] void fail(const std::string& source, const std::string& what) {
   throw ContractError("ZeRO checkpoint " + source + ": " + what);
@@ -613,7 +613,9 @@ void save_zero_checkpoint(const std::string& dir, ZeroOptimizer& optimizer,
   if (error.empty()) {
     try {
       std::filesystem::create_directories(dir);
-      if (state.options.stage != 3) state.copy_slices_from_params();
+      // Stages 1 and 2: the slices are views of the parameters (re-adopted
+      // if something replaced a parameter's storage).
+      if (state.options.stage != 3) state.adopt_params();
       write_checkpoint_file(join(dir, shard_file(state.rank, state.size)),
                             encode_shard(my_shard(state)));
     } catch (const std::exception& e) {
@@ -640,6 +642,7 @@ CheckpointState load_zero_checkpoint(const std::string& dir, ZeroOptimizer& opti
     std::lock_guard<std::mutex> lock(state.mutex);
     state.release_all();
     try {
+      if (state.options.stage != 3) state.adopt_params();
       result = load_local(dir, state);
     } catch (const std::exception& e) {
       error = e.what();

@@ -8,6 +8,7 @@
 #include <torch/serialize/archive.h>
 
 #include <algorithm>
+#include <unordered_set>
 
 #include "zero_state.h"
 
@@ -55,17 +56,40 @@ int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
 
 namespace detail {
 
+namespace {
+
+// Bytes of the distinct storages behind some tensors: views of one buffer
+// (stage 1 and 2 parameters and their slice, stage 1 gradients and their
+// reduced slice) count once, and a released stage-3 buffer counts 0.
+class StorageBytes {
+ public:
+  void add(const torch::Tensor& t) {
+    if (!t.defined()) return;
+    const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+    if (seen_.insert(storage).second) total_ += static_cast<int64_t>(storage->nbytes());
+  }
+  int64_t total() const { return total_; }
+
+ private:
+  std::unordered_set<const c10::StorageImpl*> seen_;
+  int64_t total_ = 0;
+};
+
+}  // namespace
+
 ZeroMemory ZeroState::current() const {
-  ZeroMemory m;
+  StorageBytes param_bytes, grad_bytes;
   for (const ZeroParam& p : params) {
-    if (options.stage != 3) m.param_bytes += bytes_of(p.param);
-    m.grad_bytes += bytes_of(p.param.grad());
+    param_bytes.add(p.param);
+    grad_bytes.add(p.param.grad());
   }
   for (const ZeroBucket& b : buckets) {
-    m.param_bytes += bytes_of(b.shard);
-    if (b.unit >= 0 && (b.gathered || b.gathering)) m.param_bytes += b.full_nbytes;
-    m.grad_bytes += bytes_of(b.grad_shard) + bytes_of(b.full_grad);
+    param_bytes.add(b.shard);
+    for (const torch::Tensor* t : {&b.grad_shard, &b.flat_grad, &b.full_grad}) grad_bytes.add(*t);
   }
+  ZeroMemory m;
+  m.param_bytes = param_bytes.total();
+  m.grad_bytes = grad_bytes.total();
   m.optimizer_state_bytes = optimizer_state_bytes(*optimizer);
   return m;
 }

@@ -61,16 +61,57 @@ void ZeroState::after_accumulate(size_t index) {
   if (p.ready) return;
   p.ready = true;
   if (++bucket.ready < static_cast<int>(bucket.params.size())) return;
+  reap_reductions();
   submit_reduce(bucket);
   if (bucket.unit >= 0 && !pinned) release(p.bucket);
   sample();
 }
 
-// Caller holds the mutex. Packs the bucket's gradients (zeros where a
-// parameter has none), releases them at stages 2 and 3, and starts the
-// reduce-scatter into this rank's slice.
+// Caller holds the mutex. Starts the reduce-scatter of the bucket's
+// gradients (zeros where a parameter has none) into this rank's slice.
+// Stage 1: in place on flat_grad, after moving back into it any gradient
+// that is not a view of it (Module::zero_grad(true) and a create_graph
+// backward make new ones). Stages 2 and 3: packed into full_grad (or, for a
+// bucket of one parameter, from its gradient as it is), the parameters'
+// .grad() released.
 void ZeroState::submit_reduce(ZeroBucket& bucket) {
   torch::NoGradGuard no_grad;
+  const std::string name = request_name("reduce", bucket);
+  if (bucket.flat_grad.defined()) {
+    for (int index : bucket.params) {
+      ZeroParam& p = params[index];
+      torch::Tensor slot = slot_of(bucket.flat_grad, p);
+      const torch::Tensor& grad = p.param.grad();
+      if (occupies(grad, slot)) continue;
+      if (grad.defined()) {
+        slot.copy_(grad);
+      } else {
+        slot.zero_();
+      }
+      p.param.mutable_grad() = slot;
+    }
+    bucket.submitted = true;
+    // Communicator contract: out == in is the in-place reduce-scatter, the
+    // result written over the first shard_numel elements.
+    bucket.reduce = engine->reducescatter_async(name, tensor_view(bucket.flat_grad, kOp, name),
+                                                tensor_view(bucket.grad_shard, kOp, name), request);
+    return;
+  }
+  if (bucket.params.size() == 1) {
+    // One parameter (a large one has a bucket of its own): reduce-scatter
+    // its gradient where it lies rather than from a packed copy.
+    ZeroParam& p = params[bucket.params[0]];
+    const torch::Tensor& grad = p.param.grad();
+    if (grad.defined() && grad.is_contiguous()) {
+      bucket.full_grad = grad.view({-1});
+      p.param.mutable_grad() = torch::Tensor();
+      bucket.submitted = true;
+      bucket.reduce =
+          engine->reducescatter_async(name, tensor_view(bucket.full_grad, kOp, name),
+                                      tensor_view(bucket.grad_shard, kOp, name), request);
+      return;
+    }
+  }
   bucket.full_grad = torch::empty({bucket.numel}, torch::TensorOptions().dtype(bucket.dtype));
   for (int index : bucket.params) {
     ZeroParam& p = params[index];
@@ -81,12 +122,23 @@ void ZeroState::submit_reduce(ZeroBucket& bucket) {
     } else {
       target.zero_();
     }
-    if (options.stage >= 2) p.param.mutable_grad() = torch::Tensor();
+    p.param.mutable_grad() = torch::Tensor();
   }
-  const std::string name = request_name("reduce", bucket);
   bucket.submitted = true;
   bucket.reduce = engine->reducescatter_async(name, tensor_view(bucket.full_grad, kOp, name),
                                               tensor_view(bucket.grad_shard, kOp, name), request);
+}
+
+// Caller holds the mutex. A packed copy is needed only until its
+// reduce-scatter finished: without this, backward would hold every bucket's
+// packed gradients (a full gradient) until step(). The handle stays, for
+// step() to collect an error.
+void ZeroState::reap_reductions() {
+  for (ZeroBucket& bucket : buckets) {
+    if (bucket.full_grad.defined() && bucket.reduce.valid() && bucket.reduce.poll()) {
+      bucket.full_grad = torch::Tensor();
+    }
+  }
 }
 
 void ZeroState::finish_reductions() {
@@ -106,8 +158,10 @@ void ZeroState::finish_reductions() {
     for (int index : bucket.params) params[index].ready = false;
   };
   // Buckets backward submitted first; then the rest, last bucket first (the
-  // order backward would have produced them), at most two packed copies in
-  // flight so stage 1 does not hold a second full gradient.
+  // order backward would have produced them). Stage 1 reduces in place, so
+  // all of them run at once; stages 2 and 3 pack a copy of each, so at most
+  // two are in flight (not a second full gradient).
+  const size_t in_flight = options.stage == 1 ? buckets.size() : 2;
   for (ZeroBucket& bucket : buckets) {
     if (bucket.submitted) running.push_back(&bucket);
   }
@@ -121,7 +175,7 @@ void ZeroState::finish_reductions() {
       continue;
     }
     sample();
-    while (running.size() > 2) {
+    while (running.size() > in_flight) {
       finish_one(*running.front());
       running.pop_front();
     }
@@ -134,67 +188,67 @@ void ZeroState::finish_reductions() {
   if (error) std::rethrow_exception(error);
 }
 
-void ZeroState::copy_slices_from_params() {
+void ZeroState::adopt_params() {
+  torch::NoGradGuard no_grad;
+  for (ZeroParam& p : params) {
+    ZeroBucket& bucket = buckets[p.bucket];
+    if (p.numel == 0) continue;
+    if (p.param.numel() != p.numel) {
+      throw ContractError(std::string(kOp) + ": parameter '" + p.name + "' now has " +
+                          std::to_string(p.param.numel()) + " elements; it had " +
+                          std::to_string(p.numel) +
+                          " when the ZeroOptimizer was built (parameters must keep their size)");
+    }
+    torch::Tensor slot = bucket.full.narrow(0, p.offset, p.numel).view(p.param.sizes());
+    if (occupies(p.param, slot)) continue;
+    // Its storage was replaced (torch::load into the model, set_data): take
+    // the new values and make it a view again.
+    slot.copy_(p.param);
+    p.param.set_data(slot);
+  }
+}
+
+void ZeroState::zero_flat_grads() {
   torch::NoGradGuard no_grad;
   for (ZeroBucket& bucket : buckets) {
-    const int64_t lo = bucket.shard_begin;
-    const int64_t hi = lo + bucket.shard_numel;
+    if (!bucket.flat_grad.defined()) continue;
+    bucket.flat_grad.zero_();
     for (int index : bucket.params) {
-      const ZeroParam& p = params[index];
-      const int64_t begin = std::max(lo, p.offset);
-      const int64_t end = std::min(hi, p.offset + p.numel);
-      if (begin >= end) continue;
-      bucket.shard.narrow(0, begin - lo, end - begin)
-          .copy_(p.param.reshape({-1}).narrow(0, begin - p.offset, end - begin));
+      ZeroParam& p = params[index];
+      torch::Tensor slot = slot_of(bucket.flat_grad, p);
+      if (!occupies(p.param.grad(), slot)) p.param.mutable_grad() = slot;
     }
   }
 }
 
+// In place: each bucket's slice is already at its position in `full`, and
+// the output is `full` itself. That is the communicator's in-place allgatherv
+// (MPI_IN_PLACE layout: in == out + the earlier ranks' elements), which the
+// engine passes straight to the communicator for a tensor it runs alone and,
+// for small tensors it fuses, packs the input before writing the output. So
+// no gathered copy exists, and all buckets can be in flight at once.
 void ZeroState::allgather_into_params() {
   torch::NoGradGuard no_grad;
   std::exception_ptr error;
-  struct Running {
-    ZeroBucket* bucket;
-    torch::Tensor full;
-    Handle handle;
-  };
-  std::deque<Running> running;
-  auto finish_one = [&](Running& r) {
-    try {
-      r.handle.wait(options.timeout);
-      for (int index : r.bucket->params) {
-        ZeroParam& p = params[index];
-        p.param.copy_(r.full.narrow(0, p.offset, p.numel).view(p.param.sizes()));
-      }
-    } catch (...) {
-      if (!error) error = std::current_exception();
-    }
-  };
+  std::vector<Handle> running;
   for (ZeroBucket& bucket : buckets) {
-    Running r;
-    r.bucket = &bucket;
-    r.full = torch::empty({bucket.numel}, torch::TensorOptions().dtype(bucket.dtype));
     const std::string name = request_name("gather", bucket);
     try {
-      torch::Tensor full = r.full;
-      r.handle = engine->allgather_async(
+      torch::Tensor full = bucket.full;
+      running.push_back(engine->allgather_async(
           name, tensor_view(bucket.shard, kOp, name),
           [full, name](const std::vector<int64_t>&) { return tensor_view(full, kOp, name); },
-          request);
+          request));
     } catch (...) {
       if (!error) error = std::current_exception();
-      continue;
-    }
-    running.push_back(std::move(r));
-    sample();
-    while (running.size() > 2) {
-      finish_one(running.front());
-      running.pop_front();
     }
   }
-  while (!running.empty()) {
-    finish_one(running.front());
-    running.pop_front();
+  for (Handle& handle : running) {
+    try {
+      handle.wait(options.timeout);
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
   }
   if (error) std::rethrow_exception(error);
 }
@@ -409,11 +463,16 @@ torch::Tensor ZeroOptimizer::step() {
       for (size_t b = 0; b < state.buckets.size(); ++b) state.finish_gather(static_cast<int>(b));
     }
   } else {
-    state.copy_slices_from_params();
+    // The pieces the wrapped optimizer steps are views of the parameters.
+    state.adopt_params();
     state.point_piece_grads();
     result = optimizer_.step();
     state.sample();
     state.allgather_into_params();
+    // Stage 1: the gradients' buffer held the reduce-scatter's output;
+    // zero it so the model's .grad() reads 0 after step() (not a mix of
+    // this rank's reduced slice and its local gradient elsewhere).
+    state.zero_flat_grads();
   }
   state.sample();
   return result;
@@ -433,13 +492,11 @@ void ZeroOptimizer::zero_grad() {
   torch::NoGradGuard no_grad;
   for (ZeroParam& p : state.params) {
     p.ready = false;
-    if (!p.param.grad().defined()) continue;
-    if (state.options.stage == 1) {
-      p.param.mutable_grad().zero_();  // stage 1 keeps full gradients, as libtorch does
-    } else {
-      p.param.mutable_grad() = torch::Tensor();
-    }
+    if (state.options.stage != 1) p.param.mutable_grad() = torch::Tensor();
   }
+  // Stage 1 keeps full gradients, as libtorch does, as views of flat_grad
+  // (a gradient set to none or replaced becomes a view again).
+  if (state.options.stage == 1) state.zero_flat_grads();
   for (ZeroBucket& bucket : state.buckets) bucket.ready = 0;
 }
 

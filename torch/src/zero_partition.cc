@@ -106,27 +106,42 @@ void ZeroState::build(const std::vector<std::pair<std::string, ShardedUnitImpl*>
     ZeroBucket& bucket = buckets[b];
     std::tie(bucket.shard_begin, bucket.shard_numel) = slice_of(bucket.numel, size, rank);
     const auto type = torch::TensorOptions().dtype(bucket.dtype);
-    bucket.grad_shard = torch::zeros({bucket.shard_numel}, type);
+    // The parameters become views of one flat buffer per bucket (set_data
+    // keeps each parameter the same tensor the model and the user hold).
+    bucket.full = torch::empty({bucket.numel}, type);
+    bucket.full_nbytes = bucket.numel * static_cast<int64_t>(bucket.full.element_size());
+    for (int index : bucket.params) {
+      ZeroParam& p = params[index];
+      torch::Tensor slot = slot_of(bucket.full, p);
+      slot.copy_(p.param);
+      p.param.set_data(slot);
+    }
     if (stage == 3) {
-      // The parameters become views of one flat buffer per unit; this rank
-      // keeps its slice and the buffer's storage is released.
-      bucket.full = torch::empty({bucket.numel}, type);
-      bucket.full_nbytes = bucket.numel * static_cast<int64_t>(bucket.full.element_size());
-      for (int index : bucket.params) {
-        ZeroParam& p = params[index];
-        torch::Tensor view = bucket.full.narrow(0, p.offset, p.numel);
-        view.copy_(p.param.reshape({-1}));
-        p.param.set_data(view.view(p.param.sizes()));
-      }
+      // This rank keeps a copy of its slice and the buffer's storage is
+      // released until the unit runs.
       bucket.shard = bucket.full.narrow(0, bucket.shard_begin, bucket.shard_numel).clone();
+      bucket.grad_shard = torch::zeros({bucket.shard_numel}, type);
       bucket.gathered = true;
       release(static_cast<int>(b));
     } else {
-      bucket.shard = torch::empty({bucket.shard_numel}, type);
+      // The slice is the parameters' own memory.
+      bucket.shard = bucket.full.narrow(0, bucket.shard_begin, bucket.shard_numel);
+      if (stage == 1) {
+        // The gradients too (a gradient computed before construction is kept).
+        bucket.flat_grad = torch::zeros({bucket.numel}, type);
+        for (int index : bucket.params) {
+          ZeroParam& p = params[index];
+          torch::Tensor slot = slot_of(bucket.flat_grad, p);
+          if (p.param.grad().defined()) slot.copy_(p.param.grad());
+          p.param.mutable_grad() = slot;
+        }
+        bucket.grad_shard = bucket.flat_grad.narrow(0, 0, bucket.shard_numel);
+      } else {
+        bucket.grad_shard = torch::zeros({bucket.shard_numel}, type);
+      }
     }
     add_pieces(*this, static_cast<int>(b));
   }
-  if (stage != 3) copy_slices_from_params();
 
   // The wrapped optimizer steps the pieces.
   auto& groups = optimizer->param_groups();

@@ -45,6 +45,18 @@ struct ZeroParam {
   bool ready = false;  // its gradient of this step arrived
 };
 
+// Parameter p's place in a (numel) flat buffer of its bucket, shaped like p.
+inline torch::Tensor slot_of(const torch::Tensor& flat, const ZeroParam& p) {
+  return flat.narrow(0, p.offset, p.numel).view(p.param.sizes());
+}
+
+// Whether `t` is exactly the memory of `slot` (same first element, shape and
+// contiguous layout): a parameter or gradient still in its flat buffer.
+inline bool occupies(const torch::Tensor& t, const torch::Tensor& slot) {
+  return t.defined() && t.data_ptr() == slot.data_ptr() && t.sizes() == slot.sizes() &&
+         t.is_contiguous();
+}
+
 // A run of consecutive elements of one bucket's slice on this rank whose
 // parameters all belong to one group: one parameter of the wrapped optimizer.
 struct ZeroPiece {
@@ -55,6 +67,22 @@ struct ZeroPiece {
   torch::Tensor value;  // view of bucket.shard
 };
 
+// One bucket: consecutive parameters of one dtype, laid end to end in a flat
+// buffer and split across the ranks (slice_of). Which buffers exist:
+//
+//            full (the parameters)   shard             grad_shard        flat_grad
+//   stage 1  always held             view of full      view of flat_grad (numel) the .grad()s
+//   stage 2  always held             view of full      own (shard_numel) -
+//   stage 3  only while gathered     own (shard_numel) own (shard_numel) -
+//
+// At stages 1 and 2 the model's parameters are views of `full` (as DeepSpeed's
+// and FSDP's flat parameters), so this rank's slice is the parameters' own
+// memory: the wrapped optimizer updates them in place and the allgather after
+// the step writes the other ranks' slices around it (in place). At stage 1 the
+// model's gradients are views of `flat_grad` too: backward accumulates into it
+// (AccumulateGrad adds in place to a defined .grad()), and the reduce-scatter
+// runs in place, leaving this rank's reduced slice in its first shard_numel
+// elements (`grad_shard`).
 struct ZeroBucket {
   std::string name;         // suffix of the request names
   std::vector<int> params;  // indices into ZeroState::params, in flat order
@@ -62,21 +90,22 @@ struct ZeroBucket {
   int64_t shard_begin = 0;
   int64_t shard_numel = 0;
   c10::ScalarType dtype = torch::kFloat;
+  torch::Tensor full;        // (numel) the parameters' storage (see above)
+  int64_t full_nbytes = 0;   // bytes of `full` when it holds the parameters
   torch::Tensor shard;       // (shard_numel) this rank's parameter slice (authoritative)
   torch::Tensor grad_shard;  // (shard_numel) reduced gradient of the slice
-  torch::Tensor full_grad;   // (numel) packed gradients being reduce-scattered
-  Handle reduce;             // reduce-scatter of full_grad into grad_shard
+  torch::Tensor flat_grad;   // stage 1: (numel) the parameters' gradients, reduced in place
+  torch::Tensor full_grad;   // stages 2, 3: (numel) packed gradients being reduce-scattered
+  Handle reduce;             // the reduce-scatter into grad_shard
   bool submitted = false;
   int ready = 0;  // parameters whose gradient arrived this step
 
   // Stage 3: the unit's parameters are views of `full`, whose storage is
   // released (0 bytes) while the unit is not in use.
   int unit = -1;
-  torch::Tensor full;  // (numel)
-  Handle gather;       // allgather of the slices into full
+  Handle gather;  // allgather of the slices into full
   bool gathering = false;
   bool gathered = false;  // full holds the parameters (after gather completed)
-  int64_t full_nbytes = 0;
 };
 
 struct ZeroState {
@@ -112,10 +141,12 @@ struct ZeroState {
   // --- zero_optimizer.cc ---
   void after_accumulate(size_t param);  // hook, stages 2 and 3
   void submit_reduce(ZeroBucket& bucket);
+  void reap_reductions();  // stages 2, 3: free the packed gradients of finished reductions
   void finish_reductions();
-  void copy_slices_from_params();  // stages 1, 2
-  void allgather_into_params();    // stages 1, 2
+  void adopt_params();           // stages 1, 2: every parameter a view of its bucket's `full`
+  void allgather_into_params();  // stages 1, 2
   void point_piece_grads();
+  void zero_flat_grads();  // stage 1: zeroes flat_grad, the model's .grad() views of it
 
   // --- zero_unit.cc (stage 3) ---
   void start_gather(int bucket);

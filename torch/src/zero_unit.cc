@@ -57,7 +57,8 @@ namespace detail {
 
 void ZeroState::start_gather(int b) {
   ZeroBucket& bucket = buckets[b];
-  if (bucket.gathered || bucket.gathering) return;
+  // Stages 1 and 2 (unit < 0) always hold `full`.
+  if (bucket.unit < 0 || bucket.gathered || bucket.gathering) return;
   c10::StorageImpl* storage = bucket.full.storage().unsafeGetStorageImpl();
   storage->set_data_ptr_noswap(c10::GetCPUAllocator()->allocate(bucket.full_nbytes));
   storage->set_nbytes(bucket.full_nbytes);
@@ -87,6 +88,7 @@ void ZeroState::finish_gather(int b) {
 
 void ZeroState::release(int b) {
   ZeroBucket& bucket = buckets[b];
+  if (bucket.unit < 0) return;  // stages 1 and 2 never release the parameters
   if (bucket.gathering) {
     // The engine may be writing into the buffer: wait before freeing it.
     try {

@@ -22,15 +22,32 @@
 // may straddle the boundary between two ranks' slices. World size 1 is the
 // same code with one slice.
 //
-// What each rank holds:
-//   stage 1: full parameters (the model), full gradients (.grad()), optimizer
-//            state for its slices only, plus a float copy of its slices.
+// What each rank holds (bytes per parameter for float32 with Adam, N ranks):
+//   stage 1: full parameters and full gradients, optimizer state for its
+//            slices only: 4 + 4 + 8/N (12 at N = 2; DistributedOptimizer 16).
 //   stage 2: full parameters; gradients only for its slices after each bucket
 //            is reduce-scattered (the full .grad() of a bucket's parameters is
-//            released as soon as the bucket is handed to the engine).
+//            released as soon as the bucket is handed to the engine, its
+//            packed copy once the reduce-scatter finished): 4 + 4/N + 8/N.
 //   stage 3: its slices of parameters, gradients and optimizer state; a
 //            unit's full parameters exist only from just before its forward
-//            (or backward) until right after it.
+//            (or backward) until right after it: 4/N + 4/N + 8/N + units.
+//
+// Flat buffers. At every stage each bucket's parameters are views of one
+// flat buffer (set_data: they stay the tensors the model and the user hold).
+// At stages 1 and 2 this rank's slice is a view of that buffer, not a copy:
+// the wrapped optimizer updates the parameters in place and the allgather
+// after the step writes the other ranks' slices around it. At stage 1 the
+// model's .grad() are views of a flat gradient buffer too (as PyTorch DDP's
+// gradient_as_bucket_view): backward accumulates into it in place and the
+// reduce-scatter runs in place on it, so step() leaves the gradients zero.
+// Use ZeroOptimizer::zero_grad() (or Module::zero_grad() without
+// set_to_none): a gradient set to none is recreated by backward and copied
+// back into the buffer at step(), costing a second copy meanwhile. A
+// parameter whose storage is replaced (torch::load into the model) is copied
+// back into its buffer at the next step() or checkpoint. After the
+// ZeroOptimizer is destroyed, the parameters (and, at stage 1, gradients)
+// remain views of the buffers, which they keep alive.
 //
 // The wrapped optimizer. Its parameter groups are rewritten at construction:
 // every group's parameters are replaced by 1-D "pieces", views of this rank's
@@ -99,6 +116,8 @@ struct ZeroOptions {
 // kolo and the model hold, at the points where they are allocated and
 // released (the peak is the largest sum seen at those points).
 struct ZeroMemory {
+  // Each counts the distinct storages of the tensors involved (views of one
+  // flat buffer count once).
   int64_t param_bytes = 0;            // model parameters' storage + this rank's slices
   int64_t grad_bytes = 0;             // .grad() of the model + reduced slices + buffers in flight
   int64_t optimizer_state_bytes = 0;  // tensors in the wrapped optimizer's state
