@@ -17,6 +17,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "comm/shm_segment.h"  // process_alive
 #include "elastic_hosts.h"
 #include "job.h"
 #include "kolo/core/store.h"
@@ -27,6 +28,9 @@ namespace kolo::launcher {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// How long a re-form waits for a member that has died to be reaped.
+constexpr std::chrono::seconds kDyingGrace{2};
 
 // How often the store is asked for join requests while nothing else happens.
 constexpr auto kTick = std::chrono::milliseconds(10);
@@ -98,6 +102,8 @@ struct ElasticDriver::Impl {
   bool finishing = false;
   Clock::time_point start;
   std::optional<Clock::time_point> short_since;
+  // Since when a re-form waits for a dying member to be reaped (see decide()).
+  std::optional<Clock::time_point> dying_since;
   Clock::time_point next_discovery;
   bool discovery_failed_logged = false;
 
@@ -310,6 +316,17 @@ struct ElasticDriver::Impl {
     reform = false;
     reform_reason.clear();
     short_since.reset();
+    dying_since.reset();
+  }
+
+  // A local member whose process has died (a zombie, see process_alive) but
+  // that reap() has not reported yet.
+  bool member_dying() const {
+    for (int64_t id : members) {
+      const Worker& w = workers[static_cast<size_t>(id)];
+      if (alive(w) && w.local && !kolo::detail::process_alive(w.process.pid, 0)) return true;
+    }
+    return false;
   }
 
   // The next round's members: live members in their rank order, then the
@@ -362,6 +379,16 @@ struct ElasticDriver::Impl {
       return;
     }
     if (!reform && !any_waiting()) return;
+    if (reform && member_dying()) {
+      // A survivor saw a member die (its collective failed) before kolorun
+      // could reap it: the process is a zombie whose other threads are still
+      // exiting, so waitid() does not report it yet. Re-forming now would
+      // publish a round with the dead member in it, and a second re-form would
+      // follow once it is reaped. Its exit arrives within milliseconds
+      // (SIGCHLD wakes the poll); bounded in case a thread hangs in exit.
+      if (!dying_since) dying_since = now;
+      if (now - *dying_since < kDyingGrace) return;
+    }
     const std::vector<int64_t> next = candidates();
     const bool grows = !reform && next.size() > members.size();
     if (!reform && !grows) return;  // waiting workers but no room (max_np)
