@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -81,12 +82,53 @@ TEST(TensorQueue, RecycledRequestsComeBackEmpty) {
   EXPECT_TRUE(finished.empty());
   std::unique_ptr<Request> again = queue.take_request();
   EXPECT_EQ(again.get(), address);  // reused, most recent first
-  EXPECT_FALSE(again->handle);      // no handle of the old request survives
+  ASSERT_TRUE(again->handle);       // a fresh state: not done, no callbacks
+  EXPECT_FALSE(again->handle->done);
+  EXPECT_TRUE(again->handle->callbacks.empty());
   EXPECT_FALSE(again->allocate);
   EXPECT_TRUE(again->open_phases.empty());
   EXPECT_FALSE(again->negotiated_once);
   EXPECT_TRUE(again->info.splits.empty());
   EXPECT_NE(queue.take_request().get(), address);  // the spare was taken once
+}
+
+// A finished request's HandleState is reused once the caller has dropped its
+// Handle, reset to a fresh state; while the caller still holds it, the next
+// request gets a new one and the old state keeps its result.
+TEST(TensorQueue, HandleStatesAreReusedOnlyOnceTheCallerLetGo) {
+  TensorQueue queue;
+  auto finish_one = [&](std::unique_ptr<Request> r, std::exception_ptr error) {
+    r->handle->complete(error);
+    std::vector<Finished> finished;
+    finished.push_back({std::move(r), nullptr});
+    queue.release_all(finished);
+    queue.recycle(finished);
+  };
+
+  std::unique_ptr<Request> r = queue.take_request();
+  r->info.name = "w";
+  std::shared_ptr<HandleState> held = r->handle;  // the caller's Handle
+  held->value = 7;
+  queue.push(std::move(r));
+  finish_one(std::move(queue.drain().front()),
+             std::make_exception_ptr(std::runtime_error("first failed")));
+
+  std::unique_ptr<Request> second = queue.take_request();
+  EXPECT_NE(second->handle, held);  // still held: not reused
+  EXPECT_TRUE(held->done);          // and untouched
+  EXPECT_TRUE(held->error);
+  EXPECT_EQ(held->value, 7);
+  HandleState* second_state = second->handle.get();
+  second->info.name = "w";  // the released name can be pushed again
+  queue.push(std::move(second));
+  finish_one(std::move(queue.drain().front()), nullptr);
+
+  held.reset();
+  std::unique_ptr<Request> third = queue.take_request();
+  EXPECT_EQ(third->handle.get(), second_state);  // nobody held it: reused, reset
+  EXPECT_FALSE(third->handle->done);
+  EXPECT_FALSE(third->handle->error);
+  EXPECT_EQ(third->handle->value, 0);
 }
 
 }  // namespace

@@ -56,8 +56,8 @@ void Controller::classify(Local& local) {
   local.status = LocalStatus::kToSend;
   local.slot = -1;
   if (!cache_usable() || !is_data_kind(local.info->kind)) return;
-  const int slot = cache_.find(local.info->name);
-  if (slot >= 0 && cache_.mine(slot) == *local.info) {
+  const int slot = cache_.find(local.info->name);  // the slot's name is this one
+  if (slot >= 0 && cache_.mine(slot).same_except_name(*local.info)) {
     local.status = LocalStatus::kCached;
     local.slot = slot;
   }

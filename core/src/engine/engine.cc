@@ -152,7 +152,7 @@ int Engine::Impl::set_size_checked(const std::string& op, int process_set, int* 
 
 Handle Engine::Impl::submit(std::unique_ptr<Request> request) {
   if (!request->handle) request->handle = std::make_shared<HandleState>();
-  request->handle->waker = waker;
+  if (request->handle->waker != waker) request->handle->waker = waker;
   std::shared_ptr<HandleState> handle = request->handle;
   std::lock_guard<std::mutex> lock(mutex);
   if (stopped) {
@@ -166,7 +166,8 @@ Handle Engine::Impl::submit(std::unique_ptr<Request> request) {
     }
     throw RuntimeFault("kolo engine: " + stop_reason + "; no more requests can run on this engine");
   }
-  if (request->info.kind != RequestKind::kJoin && joining.count(request->process_set) != 0) {
+  if (request->info.kind != RequestKind::kJoin && !joining.empty() &&
+      joining.count(request->process_set) != 0) {
     throw ContractError(std::string("kolo::Engine: ") + request_kind_name(request->info.kind) +
                         " of tensor '" + request->info.name + "' submitted while this rank is " +
                         "inside join() on process set " + std::to_string(request->process_set) +

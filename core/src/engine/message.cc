@@ -37,8 +37,12 @@ bool is_data_kind(RequestKind kind) {
 }
 
 bool RequestInfo::operator==(const RequestInfo& o) const {
+  return same_except_name(o) && name == o.name;
+}
+
+bool RequestInfo::same_except_name(const RequestInfo& o) const {
   return kind == o.kind && dtype == o.dtype && op == o.op && root == o.root &&
-         prescale == o.prescale && postscale == o.postscale && name == o.name && shape == o.shape &&
+         prescale == o.prescale && postscale == o.postscale && shape == o.shape &&
          splits == o.splits;
 }
 

@@ -48,6 +48,8 @@ struct RequestInfo {
   std::vector<int64_t> splits;
 
   bool operator==(const RequestInfo& other) const;
+  // operator== without comparing the names (the caller matched them already).
+  bool same_except_name(const RequestInfo& other) const;
   bool operator!=(const RequestInfo& other) const { return !(*this == other); }
 };
 

@@ -32,6 +32,7 @@ void TensorQueue::push(std::unique_ptr<Request> request) {
       it->second = true;
       --released_;
     }
+    request->pending_flag = &it->second;
     if (released_ > kMaxReleasedNames) {
       for (auto& [set, set_names] : pending_) {
         for (auto n = set_names.begin(); n != set_names.end();)
@@ -58,7 +59,19 @@ void TensorQueue::release(int process_set, const std::string& name) {
 
 void TensorQueue::release_all(const std::vector<Finished>& finished) {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const Finished& f : finished) release_locked(f.request->process_set, f.request->info.name);
+  for (const Finished& f : finished) release_locked(*f.request);
+}
+
+void TensorQueue::release_locked(Request& request) {
+  if (request.pending_flag == nullptr) {  // never pushed, or released by name
+    release_locked(request.process_set, request.info.name);
+    return;
+  }
+  if (*request.pending_flag) {
+    *request.pending_flag = false;
+    ++released_;
+  }
+  request.pending_flag = nullptr;
 }
 
 void TensorQueue::release_locked(int process_set, const std::string& name) {
@@ -71,23 +84,40 @@ void TensorQueue::release_locked(int process_set, const std::string& name) {
 }
 
 std::unique_ptr<Request> TensorQueue::take_request() {
+  std::unique_ptr<Request> request;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!spare_.empty()) {
-      std::unique_ptr<Request> request = std::move(spare_.back());
+      request = std::move(spare_.back());
       spare_.pop_back();
-      return request;
     }
   }
-  return std::make_unique<Request>();
+  if (!request) request = std::make_unique<Request>();
+  // use_count() == 1: no Handle refers to the state any more and none can
+  // appear (only a holder could copy it), so it is ours to reset. Its mutex
+  // orders the reset after whatever the last holder did under it.
+  if (request->handle && request->handle.use_count() == 1) {
+    HandleState& h = *request->handle;
+    std::lock_guard<std::mutex> lock(h.mutex);
+    h.done = false;
+    h.completing = false;
+    h.error = nullptr;
+    h.callbacks.clear();
+    h.received_splits.clear();
+    h.output = TensorView{};
+    h.value = 0;
+  } else {
+    request->handle = std::make_shared<HandleState>();
+  }
+  return request;
 }
 
 void TensorQueue::recycle(std::vector<Finished>& finished) {
   // Reset outside the lock: callers' submissions need not wait for it.
   for (Finished& f : finished) {
     Request& r = *f.request;
-    r.handle.reset();
     r.allocate = nullptr;
+    r.pending_flag = nullptr;
     r.open_phases.clear();
     r.negotiated_once = false;
     r.out = TensorView{};

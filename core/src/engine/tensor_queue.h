@@ -36,6 +36,11 @@ struct Request {
   // Timeline phases begun and not yet ended, innermost last (engine thread).
   std::vector<TimelinePhase> open_phases;
   bool negotiated_once = false;  // has been through one negotiation round
+  // The queue's pending flag for this name (TensorQueue::pending_, under its
+  // mutex), set by push(): release_all() clears it without a name lookup.
+  // Entries of the map are stable until erased, and a flag that is true is
+  // never swept.
+  bool* pending_flag = nullptr;
 };
 
 // A request the engine has finished with (or failed), waiting for its
@@ -56,10 +61,14 @@ class TensorQueue {
   // release() of every request in `finished`, under one lock.
   void release_all(const std::vector<Finished>& finished);
   // A Request to fill in: one recycled from an earlier step, or a new one.
+  // Its `handle` is a fresh HandleState: the recycled request's own, reset,
+  // when nobody else holds it any more (the caller dropped its Handle), else
+  // a new one.
   std::unique_ptr<Request> take_request();
   // Keeps the requests of `finished` (whose handles are complete) for
   // take_request(), up to a bound, and clears `finished`. Reuse keeps their
-  // name and shape buffers: steady-state training resubmits the same names.
+  // name and shape buffers and, once the caller has let go of it, their
+  // HandleState: steady-state training resubmits the same names every step.
   void recycle(std::vector<Finished>& finished);
   // Blocks until something is queued or `timeout` passes (idle engine).
   // Returns true if something is queued.
@@ -69,6 +78,7 @@ class TensorQueue {
 
  private:
   void release_locked(int process_set, const std::string& name);  // mutex_ held
+  void release_locked(Request& request);                          // mutex_ held
 
   std::mutex mutex_;
   std::condition_variable work_;
