@@ -90,7 +90,11 @@ bool Handle::poll() const { return state_of(state_, "poll").is_done(); }
 void Handle::wait(std::chrono::milliseconds timeout) const {
   detail::HandleState& s = state_of(state_, "wait");
   std::unique_lock<std::mutex> lock(s.mutex);
-  if (!s.done && s.waker) {
+  if (s.done) {  // the common case after a fused batch: no clock, no condition variable
+    if (s.error) std::rethrow_exception(s.error);
+    return;
+  }
+  if (s.waker) {
     // About to block: the engine need not finish its cycle's sleep first.
     std::shared_ptr<detail::EngineWaker> waker = s.waker;
     lock.unlock();
