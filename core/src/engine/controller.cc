@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <stdexcept>
 
 #include "kolo/core/errors.h"
 
@@ -43,13 +44,39 @@ std::string Controller::world_rank_text(int set_rank) const {
   return "rank " + std::to_string(options_.world_ranks[set_rank]);
 }
 
-void Controller::submit(const RequestInfo& info, Clock::time_point now) {
-  Local local;
-  local.info = &info;
-  local.since = now;
-  local.order = local_order_++;
-  classify(local);
-  local_[std::string_view(info.name)] = local;
+void Controller::submit(const RequestInfo& info, void* owner, Clock::time_point now) {
+  Local* local;
+  if (free_locals_.empty()) {
+    storage_.push_back(std::make_unique<Local>());
+    local = storage_.back().get();
+  } else {
+    local = free_locals_.back();
+    free_locals_.pop_back();
+  }
+  *local = Local{};
+  local->info = &info;
+  local->owner = owner;
+  local->since = now;
+  local->order = local_order_++;
+  classify(*local);
+  local->next = head_;
+  if (head_) head_->prev = local;
+  head_ = local;
+  ++local_count_;
+  if (info.kind == RequestKind::kJoin) join_ = local;
+}
+
+void* Controller::remove(Local* local) {
+  if (local->status == LocalStatus::kCached) by_slot_[local->slot] = nullptr;
+  if (local == join_) join_ = nullptr;
+  if (local->prev) local->prev->next = local->next;
+  if (local->next) local->next->prev = local->prev;
+  if (head_ == local) head_ = local->next;
+  --local_count_;
+  void* owner = local->owner;
+  *local = Local{};
+  free_locals_.push_back(local);
+  return owner;
 }
 
 void Controller::classify(Local& local) {
@@ -60,14 +87,22 @@ void Controller::classify(Local& local) {
   if (slot >= 0 && cache_.mine(slot).same_except_name(*local.info)) {
     local.status = LocalStatus::kCached;
     local.slot = slot;
+    if (by_slot_.size() <= static_cast<size_t>(slot)) by_slot_.resize(slot + 1, nullptr);
+    by_slot_[slot] = &local;
   }
 }
 
+void Controller::to_send(Local& local) {
+  if (local.status != LocalStatus::kCached) return;
+  by_slot_[local.slot] = nullptr;
+  local.status = LocalStatus::kToSend;
+  local.slot = -1;
+}
+
 void Controller::uncache_local(const std::string& name) {
-  auto it = local_.find(name);
-  if (it != local_.end() && it->second.status == LocalStatus::kCached) {
-    it->second.status = LocalStatus::kToSend;
-    it->second.slot = -1;
+  const int slot = cache_.find(name);
+  if (slot >= 0 && static_cast<size_t>(slot) < by_slot_.size() && by_slot_[slot]) {
+    to_send(*by_slot_[slot]);
   }
 }
 
@@ -89,14 +124,12 @@ Controller::Outcome Controller::negotiate(bool shutting_down, bool busy_elsewher
   // A join about to be sent takes this rank's cached requests along (ahead of
   // it, in submission order): once it has joined, the others would otherwise
   // count it as contributing nothing to them.
-  auto join = local_.find(kJoinName);
-  const bool joining = join != local_.end() && join->second.status == LocalStatus::kToSend;
-  for (auto& [name, local] : local_) {
-    if (local.status == LocalStatus::kCached && (joining || now - local.since > report_after)) {
-      local.status = LocalStatus::kToSend;
-      local.slot = -1;
+  const bool joining = join_ && join_->status == LocalStatus::kToSend;
+  for (Local* local = head_; local; local = local->next) {
+    if (local->status == LocalStatus::kCached && (joining || now - local->since > report_after)) {
+      this->to_send(*local);
     }
-    if (local.status == LocalStatus::kToSend) to_send = true;
+    if (local->status == LocalStatus::kToSend) to_send = true;
   }
 
   // 1. The bit vector.
@@ -104,9 +137,9 @@ Controller::Outcome Controller::negotiate(bool shutting_down, bool busy_elsewher
   bits_.assign(kFlagCount + slots, 0);
   bits_[kFlagNothingToSend] = to_send ? 0 : 1;
   bits_[kFlagNotShuttingDown] = shutting_down ? 0 : 1;
-  bits_[kFlagIdle] = local_.empty() && !busy_elsewhere ? 1 : 0;
-  for (const auto& [name, local] : local_) {
-    if (local.status == LocalStatus::kCached) bits_[kFlagCount + local.slot] = 1;
+  bits_[kFlagIdle] = local_count_ == 0 && !busy_elsewhere ? 1 : 0;
+  for (const Local* local = head_; local; local = local->next) {
+    if (local->status == LocalStatus::kCached) bits_[kFlagCount + local->slot] = 1;
   }
   AllreduceOptions min;
   min.op = ReduceOp::kMin;
@@ -119,13 +152,19 @@ Controller::Outcome Controller::negotiate(bool shutting_down, bool busy_elsewher
   out.idle = bits_[kFlagIdle] == 1;
 
   // Cache hits, in slot order.
-  out.responses.reserve(local_.size());
+  out.responses.reserve(local_count_);
+  out.owners.reserve(local_count_);
   for (int slot = 0; slot < slots; ++slot) {
     if (bits_[kFlagCount + slot] == 0) continue;
     cache_.touch(slot);
-    const ResponsePtr& response = cache_.response(slot);
-    local_.erase(response->name);
-    out.responses.push_back(response);
+    // The bit survived the MIN, so this rank set it: by_slot_ has its local.
+    Local* local = static_cast<size_t>(slot) < by_slot_.size() ? by_slot_[slot] : nullptr;
+    if (!local) {
+      throw std::logic_error("kolo engine: cache slot " + std::to_string(slot) +
+                             " agreed by every rank has no request on this rank");
+    }
+    out.responses.push_back(cache_.response(slot));
+    out.owners.push_back(remove(local));
     ++out.cache_hits;
   }
 
@@ -144,8 +183,8 @@ void Controller::full_round(Outcome& out, Clock::time_point now) {
 
   RequestList mine;
   std::vector<Local*> sending;
-  for (auto& [name, local] : local_) {
-    if (local.status == LocalStatus::kToSend) sending.push_back(&local);
+  for (Local* local = head_; local; local = local->next) {
+    if (local->status == LocalStatus::kToSend) sending.push_back(local);
   }
   std::sort(sending.begin(), sending.end(),
             [](const Local* a, const Local* b) { return a->order < b->order; });
@@ -195,7 +234,9 @@ void Controller::full_round(Outcome& out, Clock::time_point now) {
   // c. Joins and requests, in rank order.
   const bool cache_was_usable = cache_usable();
   for (int r = 0; r < n; ++r) {
+    size_t index = 0;  // lists[me].requests[index] was sent from sending[index]
     for (RequestInfo& info : lists[r].requests) {
+      Local* sent = r == me ? sending[index++] : nullptr;
       if (info.kind == RequestKind::kJoin) {
         if (!joined_[r]) {
           if (joined_count_ == 0) first_join_ = now;
@@ -213,21 +254,17 @@ void Controller::full_round(Outcome& out, Clock::time_point now) {
         entry.infos.resize(n);
         entry.present.assign(n, 0);
         arrival_.emplace(entry.seq, info.name);
-        cache_.erase(info.name);
         uncache_local(info.name);
+        cache_.erase(info.name);
       }
       if (!entry.present[r]) ++entry.count;
       entry.present[r] = 1;
       entry.infos[r] = std::move(info);
+      if (sent) entry.mine = sent;
     }
   }
   if (cache_was_usable && !cache_usable()) {
-    for (auto& [name, local] : local_) {
-      if (local.status == LocalStatus::kCached) {
-        local.status = LocalStatus::kToSend;
-        local.slot = -1;
-      }
-    }
+    for (Local* local = head_; local; local = local->next) to_send(*local);
   }
 
   collect_ready(out);
@@ -238,7 +275,7 @@ void Controller::full_round(Outcome& out, Clock::time_point now) {
     std::fill(joined_.begin(), joined_.end(), 0);
     joined_count_ = 0;
     last_joined_ = -1;
-    local_.erase(kJoinName);
+    if (join_) remove(join_);
   }
 }
 
@@ -271,8 +308,8 @@ void Controller::apply_verdict(const StallVerdict& verdict, Outcome& out) {
     std::fill(joined_.begin(), joined_.end(), 0);
     joined_count_ = 0;
     last_joined_ = -1;
-    local_.erase(kJoinName);
     out.responses.push_back(std::make_shared<const Response>(std::move(response)));
+    out.owners.push_back(join_ ? remove(join_) : nullptr);
     return;
   }
   auto it = table_.find(verdict.name);
@@ -291,10 +328,11 @@ void Controller::apply_verdict(const StallVerdict& verdict, Outcome& out) {
                    " did not submit it within " + waited +
                    " s (KOLO_STALL_SHUTDOWN_SECONDS); every rank of the set must submit every "
                    "named tensor";
-  if (entry.present[options_.set_rank]) local_.erase(verdict.name);
+  void* owner = entry.mine ? remove(entry.mine) : nullptr;
   arrival_.erase(entry.seq);
   table_.erase(it);
   out.responses.push_back(std::make_shared<const Response>(std::move(response)));
+  out.owners.push_back(owner);
 }
 
 void Controller::collect_ready(Outcome& out) {
@@ -313,16 +351,21 @@ void Controller::collect_ready(Outcome& out) {
     if (response->status == Response::Status::kOk && response->contributors == n &&
         is_data_kind(response->kind) && cache_.capacity() > 0) {
       std::string evicted;
-      cache_.put(response, entry.infos[me], &evicted);
-      if (!evicted.empty()) {
+      int evicted_slot = -1;
+      cache_.put(response, entry.infos[me], &evicted, &evicted_slot);
+      if (evicted_slot >= 0) {
         ++out.cache_evictions;
-        uncache_local(evicted);
+        // Its CACHED local (if any) can no longer use the slot: send it.
+        if (static_cast<size_t>(evicted_slot) < by_slot_.size() && by_slot_[evicted_slot]) {
+          to_send(*by_slot_[evicted_slot]);
+        }
       }
     }
-    if (entry.present[me]) local_.erase(it->second);
+    void* owner = entry.mine ? remove(entry.mine) : nullptr;
     table_.erase(entry_it);
     it = arrival_.erase(it);
     out.responses.push_back(std::move(response));
+    out.owners.push_back(owner);
   }
 }
 

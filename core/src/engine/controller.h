@@ -102,14 +102,19 @@ class Controller {
   // A request of this rank enters negotiation. Its name must not be pending.
   // `info` is referenced, not copied: it must stay alive and unchanged until
   // the request leaves negotiation (a response for it, or the controller's end).
-  void submit(const RequestInfo& info, Clock::time_point now);
+  // `owner` is the caller's handle on the request, handed back with its
+  // response (Outcome::owners) so the caller needs no lookup by name.
+  void submit(const RequestInfo& info, void* owner, Clock::time_point now);
   // Set rank 0 of set 0: ship these parameters in the next round.
   void ship_params(double cycle_time_ms, int64_t fusion_threshold_bytes);
 
   struct Outcome {
     std::vector<ResponsePtr> responses;  // execution order, identical on every rank
-    bool shutdown = false;               // some rank is shutting down: stop now
-    bool idle = false;                   // no rank has anything pending in any set
+    // Per response: the `owner` this rank submitted it with, or null (this
+    // rank has no request in it: it joined, or a stall verdict for others).
+    std::vector<void*> owners;
+    bool shutdown = false;  // some rank is shutting down: stop now
+    bool idle = false;      // no rank has anything pending in any set
     bool full_round = false;
     bool has_params = false;
     double cycle_time_ms = 0;
@@ -129,12 +134,18 @@ class Controller {
 
  private:
   enum class LocalStatus : uint8_t { kToSend, kCached, kSent };
+  // One pending request of this rank. Found without a lookup by name: through
+  // its cache slot while CACHED (by_slot_), through its table entry once SENT
+  // (Entry::mine), through join_ for the join.
   struct Local {
     const RequestInfo* info = nullptr;  // owned by the engine's pending request
+    void* owner = nullptr;
     Clock::time_point since;
     uint64_t order = 0;  // local submission number
     LocalStatus status = LocalStatus::kToSend;
     int slot = -1;
+    Local* prev = nullptr;  // in the list of pending locals
+    Local* next = nullptr;
   };
   struct Entry {
     uint64_t seq = 0;
@@ -142,11 +153,18 @@ class Controller {
     std::vector<RequestInfo> infos;  // per set rank; valid where present
     std::vector<uint8_t> present;
     int count = 0;
+    Local* mine = nullptr;  // this rank's request, when present
   };
 
   bool cache_usable() const { return cache_.capacity() > 0 && joined_count_ == 0; }
   void classify(Local& local);
+  // CACHED -> TO_SEND.
+  void to_send(Local& local);
+  // The CACHED local of `name`, if any, goes TO_SEND. Call while `name` is
+  // still in the cache.
   void uncache_local(const std::string& name);
+  // Unlinks and frees `local`; returns its owner.
+  void* remove(Local* local);
   void full_round(Outcome& out, Clock::time_point now);
   void apply_verdict(const StallVerdict& verdict, Outcome& out);
   void collect_ready(Outcome& out);
@@ -160,7 +178,14 @@ class Controller {
   ResponseCache cache_;
   std::unique_ptr<StallInspector> inspector_;  // set rank 0 only
 
-  std::unordered_map<std::string_view, Local> local_;  // keys view info->name
+  // Pending locals (a list: the hot path walks them all and removes any one),
+  // their storage and free list.
+  Local* head_ = nullptr;
+  size_t local_count_ = 0;
+  std::vector<std::unique_ptr<Local>> storage_;
+  std::vector<Local*> free_locals_;
+  std::vector<Local*> by_slot_;  // cache slot -> the CACHED local on it, or null
+  Local* join_ = nullptr;        // this rank's pending join
   uint64_t local_order_ = 0;
 
   std::unordered_map<std::string, Entry> table_;

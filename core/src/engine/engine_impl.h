@@ -71,25 +71,33 @@ struct Engine::Impl {
   void check_name(const std::string& op, const std::string& name) const;
   int set_size_checked(const std::string& op, int process_set, int* set_rank);
 
+  // An agreed response and this rank's request in it (null if it has none).
+  struct Item {
+    const detail::Response* r = nullptr;
+    detail::Request* req = nullptr;
+  };
+
   // Engine thread.
   void run();
   void agree_options();
   void drain();
   void run_set(SetState& set, detail::Controller::Outcome& outcome);
-  void execute(SetState& set, std::vector<const detail::Response*>& data);
-  void run_allreduce(SetState& set, const std::vector<const detail::Response*>& batch);
-  void run_allreduce_segments(SetState& set, const std::vector<const detail::Response*>& batch,
-                              const std::vector<detail::Request*>& reqs, const AllreduceOptions& o);
-  void run_allgather(SetState& set, const std::vector<const detail::Response*>& batch);
-  void run_broadcast(SetState& set, const std::vector<const detail::Response*>& batch);
-  void run_reducescatter(SetState& set, const detail::Response& r);
-  void run_alltoall(SetState& set, const detail::Response& r);
+  void execute(SetState& set, std::vector<Item>& data);
+  void run_allreduce(SetState& set, const std::vector<Item>& batch);
+  void run_allreduce_segments(SetState& set, const std::vector<Item>& batch,
+                              const AllreduceOptions& o);
+  void run_allgather(SetState& set, const std::vector<Item>& batch);
+  void run_broadcast(SetState& set, const std::vector<Item>& batch);
+  void run_reducescatter(SetState& set, const Item& item);
+  void run_alltoall(SetState& set, const Item& item);
   void add_set(const detail::Response& r, SetState& world_set);
   void remove_set(const detail::Response& r, SetState& world_set);
   detail::Request* local(SetState& set, const std::string& name);
   // Takes `name`'s request out of negotiation; wake_finished() completes it
   // (runs its callbacks, marks it done) and wakes its waiters.
   void finish(SetState& set, const std::string& name, std::exception_ptr error);
+  // The same for a request known by pointer (null: nothing to finish).
+  void finish(SetState& set, detail::Request* request, std::exception_ptr error);
   // Completes every request finish()ed since the last call: releases their
   // names, runs their callbacks, then wakes their waiters.
   void wake_finished();

@@ -207,7 +207,7 @@ void Engine::Impl::drain() {
       continue;
     }
     Request* r = request.get();
-    set->controller->submit(r->info, now);
+    set->controller->submit(r->info, r, now);
     set->pending[std::string_view(r->info.name)] = std::move(request);
     phase_begin(r, TimelinePhase::kNegotiate);
   }
@@ -216,6 +216,10 @@ void Engine::Impl::drain() {
 Request* Engine::Impl::local(SetState& set, const std::string& name) {
   auto it = set.pending.find(name);
   return it == set.pending.end() ? nullptr : it->second.get();
+}
+
+void Engine::Impl::finish(SetState& set, Request* request, std::exception_ptr error) {
+  if (request) finish(set, request->info.name, std::move(error));
 }
 
 void Engine::Impl::finish(SetState& set, const std::string& name, std::exception_ptr error) {
@@ -258,18 +262,22 @@ void Engine::Impl::run_set(SetState& set, Controller::Outcome& outcome) {
                  " bytes");
   }
   uint64_t data_responses = 0;
-  std::vector<const Response*> data;
+  std::vector<Item> data;
   data.reserve(outcome.responses.size());
-  for (const detail::ResponsePtr& response : outcome.responses) {
-    const Response& r = *response;
+  for (size_t i = 0; i < outcome.responses.size(); ++i) {
+    const Response& r = *outcome.responses[i];
+    Request* req = static_cast<Request*>(outcome.owners[i]);  // submit() passed Request*
     if (is_data_kind(r.kind)) ++data_responses;
     if (r.status != Response::Status::kOk) {
       if (!r.contributed.empty() && !r.contributed[set.set_rank]) continue;
-      const std::string name = r.kind == RequestKind::kJoin ? detail::kJoinName : r.name;
-      if (r.status == Response::Status::kStalled) {
-        finish(set, name, std::make_exception_ptr(RuntimeFault(r.error, r.failed_ranks)));
+      std::exception_ptr error =
+          r.status == Response::Status::kStalled
+              ? std::make_exception_ptr(RuntimeFault(r.error, r.failed_ranks))
+              : std::make_exception_ptr(ContractError(r.error));
+      if (req) {
+        finish(set, req, error);
       } else {
-        finish(set, name, std::make_exception_ptr(ContractError(r.error)));
+        finish(set, r.kind == RequestKind::kJoin ? detail::kJoinName : r.name, error);
       }
       continue;
     }
@@ -283,8 +291,8 @@ void Engine::Impl::run_set(SetState& set, Controller::Outcome& outcome) {
       case RequestKind::kJoin:
         break;
       default:
-        if (timeline) mark_ready(local(set, r.name));  // a lookup only worth it for the trace
-        data.push_back(&r);
+        if (timeline) mark_ready(req);
+        data.push_back({&r, req});
     }
   }
   {

@@ -88,7 +88,7 @@ AllreduceOptions reduce_options(const Response& r, int set_size) {
 
 // ---- execution ----------------------------------------------------------------
 
-void Engine::Impl::execute(SetState& set, std::vector<const Response*>& data) {
+void Engine::Impl::execute(SetState& set, std::vector<Item>& data) {
   // Batches: allreduces with the same dtype and reduction, allgathers, and
   // broadcasts with the same root are packed together up to the fusion
   // threshold (greedy, in response order); the rest run one by one. Batches
@@ -96,7 +96,7 @@ void Engine::Impl::execute(SetState& set, std::vector<const Response*>& data) {
   const int n = static_cast<int>(set.ranks.size());
   const int64_t threshold = current_fusion_threshold_bytes;
   struct Batch {
-    std::vector<const Response*> items;
+    std::vector<Item> items;
     int64_t bytes = 0;
     bool open = true;
   };
@@ -105,7 +105,8 @@ void Engine::Impl::execute(SetState& set, std::vector<const Response*>& data) {
   // keys may share a batch.
   using Key = std::tuple<int, int, int, double, double, int>;
   std::map<Key, size_t> open_batch;  // key -> index in batches
-  for (const Response* r : data) {
+  for (const Item& item : data) {
+    const Response* r = item.r;
     int64_t bytes = 0;
     bool fusable = true;
     Key key{static_cast<int>(r->kind), 0, 0, 0.0, 0.0, 0};
@@ -148,20 +149,20 @@ void Engine::Impl::execute(SetState& set, std::vector<const Response*>& data) {
       if (it != open_batch.end()) {
         Batch& b = batches[it->second];
         if (b.bytes + bytes <= threshold) {
-          b.items.push_back(r);
+          b.items.push_back(item);
           b.bytes += bytes;
           continue;
         }
       }
       open_batch[key] = batches.size();
     }
-    batches.push_back(Batch{{r}, bytes, true});
+    batches.push_back(Batch{{item}, bytes, true});
   }
 
   for (Batch& b : batches) {
-    const Response& first = *b.items.front();
+    const Item& first = b.items.front();
     try {
-      switch (first.kind) {
+      switch (first.r->kind) {
         case RequestKind::kAllreduce:
           run_allreduce(set, b.items);
           break;
@@ -186,7 +187,7 @@ void Engine::Impl::execute(SetState& set, std::vector<const Response*>& data) {
       // A communicator's ContractError is raised on every rank alike, so the
       // engine stays in step: fail this batch and go on.
       const auto error = std::make_exception_ptr(ContractError(e.what()));
-      for (const Response* r : b.items) finish(set, r->name, error);
+      for (const Item& item : b.items) finish(set, item.req, error);
     }
     wake_finished();
   }
@@ -221,13 +222,13 @@ TensorView Engine::Impl::allocate_output(Request* request, const std::vector<int
   }
 }
 
-void Engine::Impl::run_allreduce(SetState& set, const std::vector<const Response*>& batch) {
+void Engine::Impl::run_allreduce(SetState& set, const std::vector<Item>& batch) {
   const int n = static_cast<int>(set.ranks.size());
-  const Response& first = *batch.front();
+  const Response& first = *batch.front().r;
   const AllreduceOptions o = reduce_options(first, n);
   const size_t esize = dtype_size(first.dtype);
   if (batch.size() == 1) {
-    Request* req = local(set, first.name);
+    Request* req = batch.front().req;
     const size_t count = static_cast<size_t>(first.elements());
     const void* in;
     void* out;
@@ -244,25 +245,20 @@ void Engine::Impl::run_allreduce(SetState& set, const std::vector<const Response
     set.comm->allreduce(in, out, count, first.dtype, o);
     count_collective(count * esize);
     phase_end(req, TimelinePhase::kCollective);
-    finish(set, first.name, nullptr);
+    finish(set, req, nullptr);
+    return;
+  }
+  if (set.comm->native_segments()) {
+    run_allreduce_segments(set, batch, o);
     return;
   }
   size_t total = 0;
-  std::vector<Request*> reqs;
-  reqs.reserve(batch.size());
-  for (const Response* r : batch) {
-    total += static_cast<size_t>(r->elements());
-    reqs.push_back(local(set, r->name));
-  }
-  if (set.comm->native_segments()) {
-    run_allreduce_segments(set, batch, reqs, o);
-    return;
-  }
+  for (const Item& item : batch) total += static_cast<size_t>(item.r->elements());
   uint8_t* buffer = fusion.get(total * esize);
   size_t offset = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const Response* r = batch[i];
-    Request* req = reqs[i];
+  for (const Item& item : batch) {
+    const Response* r = item.r;
+    Request* req = item.req;
     const size_t bytes = static_cast<size_t>(r->elements()) * esize;
     phase_end(req, TimelinePhase::kQueue);
     phase_begin(req, TimelinePhase::kMemcpyInFusionBuffer);
@@ -279,16 +275,16 @@ void Engine::Impl::run_allreduce(SetState& set, const std::vector<const Response
   set.comm->allreduce(buffer, buffer, total, first.dtype, o);
   count_collective(total * esize);
   offset = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const Response* r = batch[i];
-    Request* req = reqs[i];
+  for (const Item& item : batch) {
+    const Response* r = item.r;
+    Request* req = item.req;
     const size_t bytes = static_cast<size_t>(r->elements()) * esize;
     phase_end(req, TimelinePhase::kCollective);
     phase_begin(req, TimelinePhase::kMemcpyOutFusionBuffer);
     if (req && bytes) std::memcpy(req->out.data, buffer + offset, bytes);
     phase_end(req, TimelinePhase::kMemcpyOutFusionBuffer);
     offset += bytes;
-    finish(set, r->name, nullptr);
+    finish(set, req, nullptr);
   }
 }
 
@@ -296,20 +292,19 @@ void Engine::Impl::run_allreduce(SetState& set, const std::vector<const Response
 // communicator reads every request's input and writes its output in place, so
 // the copy into its shared memory is the packing and no fusion buffer is
 // involved. Joined ranks' neutral inputs live in the scratch buffer.
-void Engine::Impl::run_allreduce_segments(SetState& set, const std::vector<const Response*>& batch,
-                                          const std::vector<Request*>& reqs,
+void Engine::Impl::run_allreduce_segments(SetState& set, const std::vector<Item>& batch,
                                           const AllreduceOptions& o) {
-  const Response& first = *batch.front();
+  const Response& first = *batch.front().r;
   const size_t esize = dtype_size(first.dtype);
   size_t neutral = 0;  // elements of the requests this rank does not have
-  for (size_t i = 0; i < batch.size(); ++i) {
-    if (!reqs[i]) neutral += static_cast<size_t>(batch[i]->elements());
+  for (const Item& item : batch) {
+    if (!item.req) neutral += static_cast<size_t>(item.r->elements());
   }
   uint8_t* spare = neutral ? scratch.get(neutral * esize) : nullptr;
   segments.clear();
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const Response* r = batch[i];
-    Request* req = reqs[i];
+  for (const Item& item : batch) {
+    const Response* r = item.r;
+    Request* req = item.req;
     const size_t count = static_cast<size_t>(r->elements());
     if (req) {
       segments.push_back({req->in.data, req->out.data, count});
@@ -325,16 +320,16 @@ void Engine::Impl::run_allreduce_segments(SetState& set, const std::vector<const
   for (const AllreduceSegment& segment : segments) total += segment.count;
   set.comm->allreduce_segments(segments, first.dtype, o);
   count_collective(total * esize);
-  for (size_t i = 0; i < batch.size(); ++i) {
-    phase_end(reqs[i], TimelinePhase::kCollective);
-    finish(set, batch[i]->name, nullptr);
+  for (const Item& item : batch) {
+    phase_end(item.req, TimelinePhase::kCollective);
+    finish(set, item.req, nullptr);
   }
 }
 
-void Engine::Impl::run_allgather(SetState& set, const std::vector<const Response*>& batch) {
+void Engine::Impl::run_allgather(SetState& set, const std::vector<Item>& batch) {
   const int n = static_cast<int>(set.ranks.size());
   const int me = set.set_rank;
-  struct Item {
+  struct Gathered {
     const Response* r;
     Request* req;
     TensorView out;
@@ -342,10 +337,11 @@ void Engine::Impl::run_allgather(SetState& set, const std::vector<const Response
     size_t row_bytes;
     size_t total_rows;
   };
-  std::vector<Item> items;
+  std::vector<Gathered> items;
   size_t total_bytes = 0;
-  for (const Response* r : batch) {
-    Item it{r, local(set, r->name), {}, nullptr, 0, 0};
+  for (const Item& item : batch) {
+    const Response* r = item.r;
+    Gathered it{r, item.req, {}, nullptr, 0, 0};
     it.row_bytes = static_cast<size_t>(r->row_elements()) * dtype_size(r->dtype);
     for (int64_t rows : r->rows) it.total_rows += static_cast<size_t>(rows);
     if (it.req) {
@@ -357,7 +353,7 @@ void Engine::Impl::run_allgather(SetState& set, const std::vector<const Response
     items.push_back(it);
   }
   if (items.size() == 1) {
-    Item& it = items.front();
+    Gathered& it = items.front();
     const size_t row_elements = static_cast<size_t>(it.r->row_elements());
     std::vector<size_t> counts(n);
     for (int k = 0; k < n; ++k) counts[k] = static_cast<size_t>(it.r->rows[k]) * row_elements;
@@ -371,13 +367,13 @@ void Engine::Impl::run_allgather(SetState& set, const std::vector<const Response
   } else {
     // Rank k's block holds its rows of every tensor, in batch order.
     std::vector<size_t> block(n, 0);
-    for (const Item& it : items) {
+    for (const Gathered& it : items) {
       for (int k = 0; k < n; ++k) block[k] += static_cast<size_t>(it.r->rows[k]) * it.row_bytes;
     }
     uint8_t* packed = fusion.get(block[me] + 1);
     uint8_t* gathered = fusion_out.get(total_bytes + 1);
     size_t offset = 0;
-    for (Item& it : items) {
+    for (Gathered& it : items) {
       const size_t bytes = static_cast<size_t>(it.r->rows[me]) * it.row_bytes;
       phase_end(it.req, TimelinePhase::kQueue);
       phase_begin(it.req, TimelinePhase::kMemcpyInFusionBuffer);
@@ -392,7 +388,7 @@ void Engine::Impl::run_allgather(SetState& set, const std::vector<const Response
     std::vector<size_t> block_start(n, 0);
     for (int k = 1; k < n; ++k) block_start[k] = block_start[k - 1] + block[k - 1];
     std::vector<size_t> within(n, 0);
-    for (Item& it : items) {
+    for (Gathered& it : items) {
       phase_end(it.req, TimelinePhase::kCollective);
       phase_begin(it.req, TimelinePhase::kMemcpyOutFusionBuffer);
       size_t out_offset = 0;
@@ -408,24 +404,24 @@ void Engine::Impl::run_allgather(SetState& set, const std::vector<const Response
       phase_end(it.req, TimelinePhase::kMemcpyOutFusionBuffer);
     }
   }
-  for (Item& it : items) {
+  for (Gathered& it : items) {
     if (it.req) {
       std::lock_guard<std::mutex> lock(it.req->handle->mutex);
       it.req->handle->received_splits = it.r->rows;
       it.req->handle->output = it.out;
     }
-    finish(set, it.r->name, it.error);
+    finish(set, it.req, it.error);
   }
 }
 
-void Engine::Impl::run_broadcast(SetState& set, const std::vector<const Response*>& batch) {
-  const Response& first = *batch.front();
+void Engine::Impl::run_broadcast(SetState& set, const std::vector<Item>& batch) {
+  const Response& first = *batch.front().r;
   const int root = first.root;
   const bool is_root = set.set_rank == root;
   BroadcastOptions bo;
   bo.root = root;
   if (batch.size() == 1) {
-    Request* req = local(set, first.name);
+    Request* req = batch.front().req;
     const size_t count = static_cast<size_t>(first.elements());
     void* buffer = req ? req->in.data : scratch.get(count * dtype_size(first.dtype) + 1);
     if (buffer == nullptr) buffer = scratch.get(1);
@@ -434,16 +430,17 @@ void Engine::Impl::run_broadcast(SetState& set, const std::vector<const Response
     set.comm->broadcast(buffer, count, first.dtype, bo);
     count_collective(count * dtype_size(first.dtype));
     phase_end(req, TimelinePhase::kCollective);
-    finish(set, first.name, nullptr);
+    finish(set, req, nullptr);
     return;
   }
   size_t total = 0;
-  for (const Response* r : batch)
-    total += static_cast<size_t>(r->elements()) * dtype_size(r->dtype);
+  for (const Item& item : batch)
+    total += static_cast<size_t>(item.r->elements()) * dtype_size(item.r->dtype);
   uint8_t* buffer = fusion.get(total + 1);
   size_t offset = 0;
-  for (const Response* r : batch) {
-    Request* req = local(set, r->name);
+  for (const Item& item : batch) {
+    const Response* r = item.r;
+    Request* req = item.req;
     const size_t bytes = static_cast<size_t>(r->elements()) * dtype_size(r->dtype);
     phase_end(req, TimelinePhase::kQueue);
     if (is_root) {
@@ -457,8 +454,9 @@ void Engine::Impl::run_broadcast(SetState& set, const std::vector<const Response
   set.comm->broadcast(buffer, total, DType::kU8, bo);
   count_collective(total);
   offset = 0;
-  for (const Response* r : batch) {
-    Request* req = local(set, r->name);
+  for (const Item& item : batch) {
+    const Response* r = item.r;
+    Request* req = item.req;
     const size_t bytes = static_cast<size_t>(r->elements()) * dtype_size(r->dtype);
     phase_end(req, TimelinePhase::kCollective);
     if (!is_root && req) {
@@ -467,11 +465,12 @@ void Engine::Impl::run_broadcast(SetState& set, const std::vector<const Response
       phase_end(req, TimelinePhase::kMemcpyOutFusionBuffer);
     }
     offset += bytes;
-    finish(set, r->name, nullptr);
+    finish(set, req, nullptr);
   }
 }
 
-void Engine::Impl::run_reducescatter(SetState& set, const Response& r) {
+void Engine::Impl::run_reducescatter(SetState& set, const Item& item) {
+  const Response& r = *item.r;
   const int n = static_cast<int>(set.ranks.size());
   const int me = set.set_rank;
   const AllreduceOptions o = reduce_options(r, n);
@@ -482,7 +481,7 @@ void Engine::Impl::run_reducescatter(SetState& set, const Response& r) {
   const size_t extra = rows % n;
   auto rows_of = [&](int k) { return base + (static_cast<size_t>(k) < extra ? 1 : 0); };
 
-  Request* req = local(set, r.name);
+  Request* req = item.req;
   const void* in;
   void* out;
   if (req) {
@@ -523,10 +522,11 @@ void Engine::Impl::run_reducescatter(SetState& set, const Response& r) {
     phase_end(req, TimelinePhase::kMemcpyOutFusionBuffer);
   }
   count_collective(rows * row_elements * esize);
-  finish(set, r.name, nullptr);
+  finish(set, req, nullptr);
 }
 
-void Engine::Impl::run_alltoall(SetState& set, const Response& r) {
+void Engine::Impl::run_alltoall(SetState& set, const Item& item) {
+  const Response& r = *item.r;
   const int n = static_cast<int>(set.ranks.size());
   const int me = set.set_rank;
   const size_t row_elements = static_cast<size_t>(r.row_elements());
@@ -540,7 +540,7 @@ void Engine::Impl::run_alltoall(SetState& set, const Response& r) {
     recv[k] = static_cast<size_t>(received[k]) * row_elements;
     recv_rows += static_cast<size_t>(received[k]);
   }
-  Request* req = local(set, r.name);
+  Request* req = item.req;
   TensorView out;
   std::exception_ptr error;
   if (req) {
@@ -563,7 +563,7 @@ void Engine::Impl::run_alltoall(SetState& set, const Response& r) {
     req->handle->received_splits = received;
     req->handle->output = out;
   }
-  finish(set, r.name, error);
+  finish(set, req, error);
 }
 
 }  // namespace kolo

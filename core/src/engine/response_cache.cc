@@ -14,13 +14,16 @@ void ResponseCache::touch(int slot) {
   lru_.splice(lru_.end(), lru_, s.lru);
 }
 
-int ResponseCache::put(ResponsePtr response, const RequestInfo& mine, std::string* evicted) {
+int ResponseCache::put(ResponsePtr response, const RequestInfo& mine, std::string* evicted,
+                       int* evicted_slot) {
   if (evicted) evicted->clear();
+  if (evicted_slot) *evicted_slot = -1;
   if (capacity_ == 0) return -1;
   if (static_cast<int>(index_.size()) >= capacity_) {
     const int victim = lru_.front();
     const std::string victim_name = slots_[victim].response->name;
     if (evicted) *evicted = victim_name;
+    if (evicted_slot) *evicted_slot = victim;
     erase(victim_name);
   }
   int slot;

@@ -42,9 +42,11 @@ class ResponseCache {
   // Marks `slot` most recently used.
   void touch(int slot);
   // Caches `response` (its name must not be cached). When full, evicts the
-  // least recently used entry first and returns its name in *evicted (else
-  // leaves it empty). Returns the slot: the lowest free one.
-  int put(ResponsePtr response, const RequestInfo& mine, std::string* evicted);
+  // least recently used entry first and returns its name in *evicted and its
+  // slot in *evicted_slot (else leaves them empty and -1). Returns the slot:
+  // the lowest free one (possibly the evicted one).
+  int put(ResponsePtr response, const RequestInfo& mine, std::string* evicted,
+          int* evicted_slot = nullptr);
   void erase(const std::string& name);
 
  private:
