@@ -44,7 +44,8 @@ std::string Controller::world_rank_text(int set_rank) const {
   return "rank " + std::to_string(options_.world_ranks[set_rank]);
 }
 
-void Controller::submit(const RequestInfo& info, void* owner, Clock::time_point now) {
+void Controller::submit(const RequestInfo& info, void* owner, Clock::time_point now,
+                        int* cache_slot_hint) {
   Local* local;
   if (free_locals_.empty()) {
     storage_.push_back(std::make_unique<Local>());
@@ -58,7 +59,7 @@ void Controller::submit(const RequestInfo& info, void* owner, Clock::time_point 
   local->owner = owner;
   local->since = now;
   local->order = local_order_++;
-  classify(*local);
+  classify(*local, cache_slot_hint);
   local->next = head_;
   if (head_) head_->prev = local;
   head_ = local;
@@ -79,11 +80,18 @@ void* Controller::remove(Local* local) {
   return owner;
 }
 
-void Controller::classify(Local& local) {
+void Controller::classify(Local& local, int* cache_slot_hint) {
   local.status = LocalStatus::kToSend;
   local.slot = -1;
   if (!cache_usable() || !is_data_kind(local.info->kind)) return;
-  const int slot = cache_.find(local.info->name);  // the slot's name is this one
+  int slot;
+  if (cache_slot_hint && cache_.holds(*cache_slot_hint, local.info->name)) {
+    slot = *cache_slot_hint;
+  } else {
+    slot = cache_.find(local.info->name);
+    if (cache_slot_hint) *cache_slot_hint = slot;
+  }
+  // Here the slot's name is this one.
   if (slot >= 0 && cache_.mine(slot).same_except_name(*local.info)) {
     local.status = LocalStatus::kCached;
     local.slot = slot;

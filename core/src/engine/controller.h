@@ -104,7 +104,11 @@ class Controller {
   // the request leaves negotiation (a response for it, or the controller's end).
   // `owner` is the caller's handle on the request, handed back with its
   // response (Outcome::owners) so the caller needs no lookup by name.
-  void submit(const RequestInfo& info, void* owner, Clock::time_point now);
+  // `cache_slot_hint` (optional) is where the name was found in the response
+  // cache last time; it is checked, used, and updated, which saves the
+  // cache's lookup by name when the caller keeps it per name.
+  void submit(const RequestInfo& info, void* owner, Clock::time_point now,
+              int* cache_slot_hint = nullptr);
   // Set rank 0 of set 0: ship these parameters in the next round.
   void ship_params(double cycle_time_ms, int64_t fusion_threshold_bytes);
 
@@ -157,7 +161,7 @@ class Controller {
   };
 
   bool cache_usable() const { return cache_.capacity() > 0 && joined_count_ == 0; }
-  void classify(Local& local);
+  void classify(Local& local, int* cache_slot_hint = nullptr);
   // CACHED -> TO_SEND.
   void to_send(Local& local);
   // The CACHED local of `name`, if any, goes TO_SEND. Call while `name` is

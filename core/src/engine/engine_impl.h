@@ -23,6 +23,7 @@
 #include "engine/fusion_buffer.h"
 #include "engine/handle.h"
 #include "engine/message.h"
+#include "engine/pending_list.h"
 #include "engine/tensor_queue.h"
 #include "engine/timeline.h"
 #include "kolo/core/engine.h"
@@ -58,8 +59,8 @@ struct Engine::Impl {
     std::unique_ptr<Communicator> own_comm;  // null for set 0 (the world)
     Communicator* comm = nullptr;
     std::unique_ptr<detail::Controller> controller;
-    // This rank's requests in negotiation or execution; keys view info.name.
-    std::unordered_map<std::string_view, std::unique_ptr<detail::Request>> pending;
+    // This rank's requests in negotiation or execution.
+    detail::PendingList pending;
   };
 
   Impl(std::unique_ptr<Communicator> world_comm, CommunicatorFactory comm_factory,

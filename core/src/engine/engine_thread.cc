@@ -128,10 +128,10 @@ void Engine::Impl::run() {
       // for the other ranks.
       if (timeline) {
         for (auto& set : active) {
-          for (auto& [name, request] : set->pending) {
+          for (Request* request = set->pending.first(); request; request = request->pending_next) {
             if (!request->negotiated_once) {
               request->negotiated_once = true;
-              phase_begin(request.get(), TimelinePhase::kWaitForOtherRanks);
+              phase_begin(request, TimelinePhase::kWaitForOtherRanks);
             }
           }
         }
@@ -180,9 +180,7 @@ void Engine::Impl::run() {
 
 void Engine::Impl::fail_everything(std::exception_ptr error) {
   for (auto& set : active) {
-    std::vector<std::string> names;
-    for (auto& [name, request] : set->pending) names.emplace_back(name);
-    for (const auto& name : names) finish(*set, name, error);
+    while (!set->pending.empty()) finish(*set, set->pending.first(), error);
   }
   wake_finished();
   for (auto& request : queue.drain()) {
@@ -207,26 +205,23 @@ void Engine::Impl::drain() {
       continue;
     }
     Request* r = request.get();
-    set->controller->submit(r->info, r, now);
-    set->pending[std::string_view(r->info.name)] = std::move(request);
+    set->controller->submit(r->info, r, now, r->name_state ? &r->name_state->cache_slot : nullptr);
+    set->pending.push(std::move(request));
     phase_begin(r, TimelinePhase::kNegotiate);
   }
 }
 
 Request* Engine::Impl::local(SetState& set, const std::string& name) {
-  auto it = set.pending.find(name);
-  return it == set.pending.end() ? nullptr : it->second.get();
-}
-
-void Engine::Impl::finish(SetState& set, Request* request, std::exception_ptr error) {
-  if (request) finish(set, request->info.name, std::move(error));
+  return set.pending.find(name);
 }
 
 void Engine::Impl::finish(SetState& set, const std::string& name, std::exception_ptr error) {
-  auto it = set.pending.find(name);
-  if (it == set.pending.end()) return;
-  std::unique_ptr<Request> request = std::move(it->second);
-  set.pending.erase(it);
+  finish(set, set.pending.find(name), std::move(error));
+}
+
+void Engine::Impl::finish(SetState& set, Request* pending, std::exception_ptr error) {
+  std::unique_ptr<Request> request = set.pending.take(pending);
+  if (!request) return;  // not pending (this rank has none, or it finished already)
   phases_close(request.get());
   finished.push_back({std::move(request), std::move(error)});
 }
@@ -373,13 +368,12 @@ void Engine::Impl::remove_set(const Response& r, SetState& world_set) {
   for (size_t i = 1; i < active.size(); ++i) {
     if (active[i]->id != id) continue;
     SetState& doomed = *active[i];
-    std::vector<std::string> names;
-    for (auto& [name, request] : doomed.pending) names.emplace_back(name);
-    for (const auto& name : names) {
-      finish(doomed, name,
+    while (!doomed.pending.empty()) {
+      Request* request = doomed.pending.first();
+      finish(doomed, request,
              std::make_exception_ptr(ContractError("kolo::Engine: process set " +
                                                    std::to_string(id) + " was removed while '" +
-                                                   name + "' was pending on it")));
+                                                   request->info.name + "' was pending on it")));
     }
     active.erase(active.begin() + static_cast<long>(i));
     break;

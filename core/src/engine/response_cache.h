@@ -36,6 +36,12 @@ class ResponseCache {
 
   // Slot holding `name`, or -1.
   int find(const std::string& name) const;
+  // Whether `slot` (any int) holds `name`: checks a remembered slot without
+  // the lookup by name.
+  bool holds(int slot, const std::string& name) const {
+    return slot >= 0 && slot < slot_count() && slots_[slot].used &&
+           slots_[slot].response->name == name;
+  }
   const ResponsePtr& response(int slot) const { return slots_[slot].response; }
   const RequestInfo& mine(int slot) const { return slots_[slot].mine; }
 

@@ -19,9 +19,11 @@ void TensorQueue::push(std::unique_ptr<Request> request) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto& names = pending_[request->process_set];
-    auto [it, inserted] = names.try_emplace(request->info.name, true);
-    if (!inserted) {
-      if (it->second) {
+    auto [it, inserted] = names.try_emplace(request->info.name);
+    if (inserted) {
+      it->second.pending = true;
+    } else {
+      if (it->second.pending) {
         throw ContractError(
             std::string("kolo engine: ") + request_kind_name(request->info.kind) + " of tensor '" +
             request->info.name + "': a request with this name is still pending on this rank" +
@@ -29,14 +31,14 @@ void TensorQueue::push(std::unique_ptr<Request> request) {
                                        : std::string()) +
             "; wait for its handle before reusing the name, or use a unique name");
       }
-      it->second = true;
+      it->second.pending = true;
       --released_;
     }
-    request->pending_flag = &it->second;
+    request->name_state = &it->second;
     if (released_ > kMaxReleasedNames) {
       for (auto& [set, set_names] : pending_) {
         for (auto n = set_names.begin(); n != set_names.end();)
-          n = n->second ? std::next(n) : set_names.erase(n);
+          n = n->second.pending ? std::next(n) : set_names.erase(n);
       }
       released_ = 0;
     }
@@ -63,23 +65,23 @@ void TensorQueue::release_all(const std::vector<Finished>& finished) {
 }
 
 void TensorQueue::release_locked(Request& request) {
-  if (request.pending_flag == nullptr) {  // never pushed, or released by name
+  if (request.name_state == nullptr) {  // never pushed, or released by name
     release_locked(request.process_set, request.info.name);
     return;
   }
-  if (*request.pending_flag) {
-    *request.pending_flag = false;
+  if (request.name_state->pending) {
+    request.name_state->pending = false;
     ++released_;
   }
-  request.pending_flag = nullptr;
+  request.name_state = nullptr;
 }
 
 void TensorQueue::release_locked(int process_set, const std::string& name) {
   auto set = pending_.find(process_set);
   if (set == pending_.end()) return;
   auto it = set->second.find(name);
-  if (it == set->second.end() || !it->second) return;
-  it->second = false;
+  if (it == set->second.end() || !it->second.pending) return;
+  it->second.pending = false;
   ++released_;
 }
 
@@ -117,7 +119,7 @@ void TensorQueue::recycle(std::vector<Finished>& finished) {
   for (Finished& f : finished) {
     Request& r = *f.request;
     r.allocate = nullptr;
-    r.pending_flag = nullptr;
+    r.name_state = nullptr;
     r.open_phases.clear();
     r.negotiated_once = false;
     r.out = TensorView{};

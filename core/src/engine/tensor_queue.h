@@ -25,6 +25,15 @@
 
 namespace kolo::detail {
 
+// What this rank keeps per (process set, name) across steps: whether a
+// request of the name is pending (under the queue's mutex), and where the
+// controller last found the name in its response cache (engine thread only;
+// a hint it checks before use).
+struct NameState {
+  bool pending = false;
+  int cache_slot = -1;
+};
+
 // One request of this rank, with its buffers.
 struct Request {
   RequestInfo info;
@@ -36,11 +45,15 @@ struct Request {
   // Timeline phases begun and not yet ended, innermost last (engine thread).
   std::vector<TimelinePhase> open_phases;
   bool negotiated_once = false;  // has been through one negotiation round
-  // The queue's pending flag for this name (TensorQueue::pending_, under its
-  // mutex), set by push(): release_all() clears it without a name lookup.
-  // Entries of the map are stable until erased, and a flag that is true is
-  // never swept.
-  bool* pending_flag = nullptr;
+  // The queue's state of this name (TensorQueue::pending_), set by push():
+  // release_all() clears its flag without a name lookup, and the controller
+  // keeps its cache-slot hint there. Entries of the map are stable until
+  // erased, and an entry whose flag is set is never swept.
+  NameState* name_state = nullptr;
+  // The engine's PendingList of its set (engine thread).
+  Request* pending_prev = nullptr;
+  Request* pending_next = nullptr;
+  bool in_pending = false;
 };
 
 // A request the engine has finished with (or failed), waiting for its
@@ -88,7 +101,7 @@ class TensorQueue {
   // false: training resubmits the same names every step, so steady state
   // allocates nothing here. Swept when it holds many released names (a
   // program that makes up a new name per call).
-  std::unordered_map<int, std::unordered_map<std::string, bool>> pending_;
+  std::unordered_map<int, std::unordered_map<std::string, NameState>> pending_;
   size_t released_ = 0;                          // entries that are false
   std::vector<std::unique_ptr<Request>> spare_;  // for take_request(), most recent last
 };
