@@ -154,8 +154,22 @@ Handle Engine::Impl::submit(std::unique_ptr<Request> request) {
   if (!request->handle) request->handle = std::make_shared<HandleState>();
   if (request->handle->waker != waker) request->handle->waker = waker;
   std::shared_ptr<HandleState> handle = request->handle;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (stopped) {
+  // No engine-wide lock on this per-tensor path: the join check takes it only
+  // while some join() runs, and a stopped engine is seen by the queue, which
+  // the engine thread closes (after setting `stopped`) before failing what
+  // it holds.
+  if (request->info.kind != RequestKind::kJoin &&
+      joins_in_progress.load(std::memory_order_acquire) > 0) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (joining.count(request->process_set) != 0) {
+      throw ContractError(std::string("kolo::Engine: ") + request_kind_name(request->info.kind) +
+                          " of tensor '" + request->info.name + "' submitted while this rank is " +
+                          "inside join() on process set " + std::to_string(request->process_set) +
+                          "; a rank that joined submits nothing until join() returns");
+    }
+  }
+  if (!queue.push(std::move(request))) {
+    std::lock_guard<std::mutex> lock(mutex);
     if (fault) {
       try {
         std::rethrow_exception(fault);
@@ -166,15 +180,7 @@ Handle Engine::Impl::submit(std::unique_ptr<Request> request) {
     }
     throw RuntimeFault("kolo engine: " + stop_reason + "; no more requests can run on this engine");
   }
-  if (request->info.kind != RequestKind::kJoin && !joining.empty() &&
-      joining.count(request->process_set) != 0) {
-    throw ContractError(std::string("kolo::Engine: ") + request_kind_name(request->info.kind) +
-                        " of tensor '" + request->info.name + "' submitted while this rank is " +
-                        "inside join() on process set " + std::to_string(request->process_set) +
-                        "; a rank that joined submits nothing until join() returns");
-  }
-  queue.push(std::move(request));
-  return Handle(handle);
+  return Handle(std::move(handle));
 }
 
 // ---------------------------------------------------------------------------
@@ -443,6 +449,7 @@ int Engine::join(int process_set) {
           std::to_string(process_set));
     }
     impl_->joining.insert(process_set);
+    impl_->joins_in_progress.fetch_add(1, std::memory_order_acq_rel);
   }
   struct Unjoin {
     Impl* impl;
@@ -450,6 +457,7 @@ int Engine::join(int process_set) {
     ~Unjoin() {
       std::lock_guard<std::mutex> lock(impl->mutex);
       impl->joining.erase(set);
+      impl->joins_in_progress.fetch_sub(1, std::memory_order_acq_rel);
     }
   } unjoin{impl_.get(), process_set};
   auto request = std::make_unique<Request>();

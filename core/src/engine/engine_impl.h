@@ -124,10 +124,11 @@ struct Engine::Impl {
   // --- shared between callers and the engine thread
   detail::TensorQueue queue;
   std::shared_ptr<detail::EngineWaker> waker = std::make_shared<detail::EngineWaker>();
-  mutable std::mutex mutex;              // guards the fields below
-  std::map<int, std::vector<int>> sets;  // known process sets -> world ranks
-  std::set<int> joining;                 // sets this rank is inside join() for
-  bool stopped = false;                  // the thread has stopped: submits fail
+  mutable std::mutex mutex;               // guards the fields below
+  std::map<int, std::vector<int>> sets;   // known process sets -> world ranks
+  std::set<int> joining;                  // sets this rank is inside join() for
+  std::atomic<int> joins_in_progress{0};  // joining.size(), read without the mutex
+  bool stopped = false;                   // the thread has stopped: submits fail
   std::string stop_reason;
   std::exception_ptr fault;  // the RuntimeFault that stopped the engine, if any
   int add_calls = 0;

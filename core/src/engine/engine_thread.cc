@@ -172,6 +172,7 @@ void Engine::Impl::run() {
     stop_reason = reason;
     fault = error;
   }
+  queue.close();  // submit() now fails; everything queued before is failed below
   fail_everything(error ? error
                         : std::make_exception_ptr(
                               RuntimeFault("kolo engine: " + reason + " before this request ran")));

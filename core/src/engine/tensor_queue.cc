@@ -15,9 +15,10 @@ constexpr size_t kMaxSpareRequests = 4096;
 
 }  // namespace
 
-void TensorQueue::push(std::unique_ptr<Request> request) {
+bool TensorQueue::push(std::unique_ptr<Request> request) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (closed_) return false;
     auto& names = pending_[request->process_set];
     auto [it, inserted] = names.try_emplace(request->info.name);
     if (inserted) {
@@ -45,6 +46,12 @@ void TensorQueue::push(std::unique_ptr<Request> request) {
     queue_.push_back(std::move(request));
   }
   work_.notify_one();
+  return true;
+}
+
+void TensorQueue::close() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  closed_ = true;
 }
 
 std::vector<std::unique_ptr<Request>> TensorQueue::drain() {

@@ -66,7 +66,11 @@ struct Finished {
 class TensorQueue {
  public:
   // Throws ContractError if `request`'s name is already pending in its set.
-  void push(std::unique_ptr<Request> request);
+  // Returns false (and drops the request) once close() was called.
+  bool push(std::unique_ptr<Request> request);
+  // Refuses every later push(): the engine has stopped; it then drains what
+  // was queued before, so no request is left behind uncompleted.
+  void close();
   // Takes every queued request, in submission order.
   std::vector<std::unique_ptr<Request>> drain();
   // The request named `name` of `process_set` has finished.
@@ -96,6 +100,7 @@ class TensorQueue {
   std::mutex mutex_;
   std::condition_variable work_;
   bool woken_ = false;
+  bool closed_ = false;
   std::vector<std::unique_ptr<Request>> queue_;
   // (set, name) -> pending on this rank. Released names stay in the map as
   // false: training resubmits the same names every step, so steady state
