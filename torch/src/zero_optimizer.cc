@@ -61,9 +61,11 @@ void ZeroState::after_accumulate(size_t index) {
   if (p.ready) return;
   p.ready = true;
   if (++bucket.ready < static_cast<int>(bucket.params.size())) return;
-  reap_reductions();
-  submit_reduce(bucket);
+  // Stage 3: the unit's backward is done (the last AccumulateGrad of its
+  // parameters ran); its parameters go before its gradients are packed.
   if (bucket.unit >= 0 && !pinned) release(p.bucket);
+  reap_reductions(&bucket);
+  submit_reduce(bucket);
   sample();
 }
 
@@ -91,6 +93,7 @@ void ZeroState::submit_reduce(ZeroBucket& bucket) {
       p.param.mutable_grad() = slot;
     }
     bucket.submitted = true;
+    bucket.submitted_seq = ++submissions;
     // Communicator contract: out == in is the in-place reduce-scatter, the
     // result written over the first shard_numel elements.
     bucket.reduce = engine->reducescatter_async(name, tensor_view(bucket.flat_grad, kOp, name),
@@ -106,6 +109,7 @@ void ZeroState::submit_reduce(ZeroBucket& bucket) {
       bucket.full_grad = grad.view({-1});
       p.param.mutable_grad() = torch::Tensor();
       bucket.submitted = true;
+      bucket.submitted_seq = ++submissions;
       bucket.reduce =
           engine->reducescatter_async(name, tensor_view(bucket.full_grad, kOp, name),
                                       tensor_view(bucket.grad_shard, kOp, name), request);
@@ -125,18 +129,40 @@ void ZeroState::submit_reduce(ZeroBucket& bucket) {
     p.param.mutable_grad() = torch::Tensor();
   }
   bucket.submitted = true;
+  bucket.submitted_seq = ++submissions;
   bucket.reduce = engine->reducescatter_async(name, tensor_view(bucket.full_grad, kOp, name),
                                               tensor_view(bucket.grad_shard, kOp, name), request);
 }
 
-// Caller holds the mutex. A packed copy is needed only until its
-// reduce-scatter finished: without this, backward would hold every bucket's
-// packed gradients (a full gradient) until step(). The handle stays, for
-// step() to collect an error.
-void ZeroState::reap_reductions() {
-  for (ZeroBucket& bucket : buckets) {
-    if (bucket.full_grad.defined() && bucket.reduce.valid() && bucket.reduce.poll()) {
-      bucket.full_grad = torch::Tensor();
+// Caller holds the mutex. A bucket's full gradient (its packed copy, or the
+// .grad() of a one-parameter bucket) is needed only until its reduce-scatter
+// finished. Without freeing it then, backward would hold every bucket's full
+// gradient until step(). Inside backward (`keep` = the bucket about to be
+// handed to the engine) it also waits for the others: a bucket is packed
+// with no other in flight, and while autograd computes the next gradient
+// only that bucket is, so stages 2 and 3 peak at 4/N + two buckets of
+// gradients, not a full gradient. Waiting in
+// the hook is safe because every rank hands the buckets over in the same
+// order (its backward runs the same graph; stage 3 relies on it for its
+// gathers too). The handle stays, for step() to collect an error.
+void ZeroState::reap_reductions(const ZeroBucket* keep) {
+  for (;;) {
+    ZeroBucket* oldest = nullptr;
+    for (ZeroBucket& bucket : buckets) {
+      if (!bucket.full_grad.defined() || !bucket.reduce.valid()) continue;
+      if (bucket.reduce.poll()) {
+        bucket.full_grad = torch::Tensor();
+      } else if (&bucket != keep &&
+                 (oldest == nullptr || bucket.submitted_seq < oldest->submitted_seq)) {
+        oldest = &bucket;
+      }
+    }
+    if (keep == nullptr || oldest == nullptr) return;
+    try {
+      oldest->reduce.wait(options.timeout);
+    } catch (...) {
+      // step() rethrows it; the buffer is free only once the request finished.
+      if (!oldest->reduce.poll()) return;
     }
   }
 }

@@ -98,7 +98,8 @@ struct ZeroBucket {
   torch::Tensor full_grad;   // stages 2, 3: (numel) packed gradients being reduce-scattered
   Handle reduce;             // the reduce-scatter into grad_shard
   bool submitted = false;
-  int ready = 0;  // parameters whose gradient arrived this step
+  uint64_t submitted_seq = 0;  // order of submission (stages 2, 3: which is oldest)
+  int ready = 0;               // parameters whose gradient arrived this step
 
   // Stage 3: the unit's parameters are views of `full`, whose storage is
   // released (0 bytes) while the unit is not in use.
@@ -141,7 +142,10 @@ struct ZeroState {
   // --- zero_optimizer.cc ---
   void after_accumulate(size_t param);  // hook, stages 2 and 3
   void submit_reduce(ZeroBucket& bucket);
-  void reap_reductions();  // stages 2, 3: free the packed gradients of finished reductions
+  // Stages 2, 3, inside backward: free the gradients of finished reductions;
+  // with `keep` = bucket just submitted, wait until no other is in flight.
+  void reap_reductions(const ZeroBucket* keep = nullptr);
+  uint64_t submissions = 0;  // counter for ZeroBucket::submitted_seq
   void finish_reductions();
   void adopt_params();           // stages 1, 2: every parameter a view of its bucket's `full`
   void allgather_into_params();  // stages 1, 2
