@@ -19,7 +19,9 @@ bool TensorQueue::push(std::unique_ptr<Request> request) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (closed_) return false;
-    auto& names = pending_[request->process_set];
+    // Set 0 (the world, every request in plain data parallelism) skips the
+    // lookup of its map.
+    auto& names = request->process_set == 0 ? *names0_ : pending_[request->process_set];
     auto [it, inserted] = names.try_emplace(request->info.name);
     if (inserted) {
       it->second.pending = true;
@@ -95,7 +97,7 @@ void TensorQueue::release_locked(int process_set, const std::string& name) {
 std::unique_ptr<Request> TensorQueue::take_request() {
   std::unique_ptr<Request> request;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(spare_mutex_);
     if (!spare_.empty()) {
       request = std::move(spare_.back());
       spare_.pop_back();
@@ -132,7 +134,7 @@ void TensorQueue::recycle(std::vector<Finished>& finished) {
     r.out = TensorView{};
     r.info.splits.clear();
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(spare_mutex_);
   for (Finished& f : finished) {
     if (spare_.size() >= kMaxSpareRequests) break;
     spare_.push_back(std::move(f.request));

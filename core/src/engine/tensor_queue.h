@@ -107,7 +107,12 @@ class TensorQueue {
   // allocates nothing here. Swept when it holds many released names (a
   // program that makes up a new name per call).
   std::unordered_map<int, std::unordered_map<std::string, NameState>> pending_;
-  size_t released_ = 0;                          // entries that are false
+  size_t released_ = 0;  // entries that are false
+  // pending_[0], looked up once (elements of an unordered_map stay put).
+  std::unordered_map<std::string, NameState>* names0_ = &pending_[0];
+  // Spare requests have their own lock: taking one does not contend with the
+  // engine thread's drain() or release_all().
+  std::mutex spare_mutex_;
   std::vector<std::unique_ptr<Request>> spare_;  // for take_request(), most recent last
 };
 
