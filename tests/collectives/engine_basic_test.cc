@@ -246,6 +246,60 @@ TEST_P(EngineBasic, ReducescatterEvenAndUneven) {
   });
 }
 
+// The in-place forms engine.h promises (ZeRO relies on them): an allgather
+// whose input is this rank's own rows of its output, alone and fused with
+// another allgather; a reducescatter whose output is the start of its input,
+// with an even and an uneven split.
+TEST_P(EngineBasic, AllgatherAndReducescatterInPlace) {
+  const int n = world_size();
+  EngineWorld world(backend(), n);
+  run_ranks(n, [&](int rank) {
+    auto engine = world.engine(rank);
+    for (bool fused : {false, true}) {
+      constexpr int64_t kRows = 3;  // per rank
+      Tensor full({kRows * n, 2});
+      for (int64_t i = 0; i < kRows * 2; ++i) full.data[rank * kRows * 2 + i] = rank * 100 + i;
+      TensorView mine{full.data.data() + rank * kRows * 2, DType::kF32, {kRows, 2}};
+      AllocateOutput into_full = [&full](const std::vector<int64_t>& shape) {
+        EXPECT_EQ(shape, full.shape);
+        return full.view();
+      };
+      const std::string tag = fused ? "/fused" : "/alone";
+      Handle h = engine->allgather_async("ag" + tag, mine, into_full);
+      Tensor other({1}, rank);
+      Tensor other_out;
+      Handle h2;
+      if (fused)
+        h2 = engine->allgather_async("ag2", other.view(), testing::allocate_into(other_out));
+      h.wait(kEngineTimeout);
+      if (fused) h2.wait(kEngineTimeout);
+      for (int r = 0; r < n; ++r) {
+        for (int64_t i = 0; i < kRows * 2; ++i)
+          ASSERT_EQ(full.data[r * kRows * 2 + i], r * 100 + i) << tag << " rank " << r;
+      }
+      if (fused) {
+        for (int r = 0; r < n; ++r) ASSERT_EQ(other_out.data[r], float(r));
+      }
+    }
+    for (int64_t rows : {int64_t(n * 2), int64_t(n * 2 + 1)}) {
+      Tensor buffer({rows, 2});
+      for (size_t i = 0; i < buffer.data.size(); ++i) buffer.data[i] = float(i) + rank;
+      const std::vector<int64_t> out_shape = Engine::reducescatter_shape(buffer.shape, n, rank);
+      TensorView out{buffer.data.data(), DType::kF32, out_shape};  // the start of the input
+      RequestOptions o;
+      o.op = ReduceOp::kSum;
+      engine->reducescatter_async("rs-in-place" + std::to_string(rows), buffer.view(), out, o)
+          .wait(kEngineTimeout);
+      int64_t first = 0;
+      for (int k = 0; k < rank; ++k) first += Engine::reducescatter_shape(buffer.shape, n, k)[0];
+      for (int64_t i = 0; i < out_shape[0] * 2; ++i) {
+        const float expected = n * float(first * 2 + i) + float(n * (n - 1) / 2);
+        ASSERT_EQ(buffer.data[i], expected) << "rows " << rows << " element " << i;
+      }
+    }
+  });
+}
+
 TEST_P(EngineBasic, AlltoallWithSplits) {
   const int n = world_size();
   EngineWorld world(backend(), n);

@@ -124,7 +124,9 @@ class Engine {
   Handle allreduce_async(const std::string& name, const TensorView& in, const TensorView& out,
                          const RequestOptions& options = {});
   // First dimension may differ per rank; the output (sum of first dims x rest)
-  // is allocated through `allocate` once every rank's shape is known.
+  // is allocated through `allocate` once every rank's shape is known. In
+  // place: `in` may be this rank's own rows of the output (the output's start
+  // plus the earlier ranks' rows), as ZeRO's allgather into a flat buffer does.
   Handle allgather_async(const std::string& name, const TensorView& in, AllocateOutput allocate,
                          const RequestOptions& options = {});
   // In place on `buffer`; options.root is the source.
@@ -133,6 +135,7 @@ class Engine {
   // The first dimension of `in` is split across the ranks of the set as evenly
   // as possible (the first `rows % n` ranks get one more row); this rank's
   // reduced rows are written to `out`, of shape reducescatter_shape(...).
+  // `out` may be the start of `in` (in place).
   Handle reducescatter_async(const std::string& name, const TensorView& in, const TensorView& out,
                              const RequestOptions& options = {});
   // splits[k] rows of `in` go to rank k (empty = equal split, first dim must
