@@ -34,14 +34,6 @@ std::string temp_dir(const std::string& name) {
   return dir.string();
 }
 
-ZeroOptions options_for(int stage, Engine& engine) {
-  ZeroOptions o;
-  o.stage = stage;
-  o.engine = &engine;
-  o.timeout = testing::kTorchTimeout;
-  return o;
-}
-
 // Trains steps [first, last) at `world` workers; rank 0's record of the loss
 // of the whole step batch before each update (every rank computes it, so
 // that stage 3's gathers stay collective). Loads `load_dir` first and saves
@@ -55,7 +47,7 @@ std::vector<double> train(const zt::ZeroNet& initial, const std::vector<zt::Batc
   run_with_engines(world, [&](int rank, Engine& engine) {
     zt::ZeroNet& model = *models[rank];
     auto adam = zt::make_optimizer(zt::Kind::kAdam, model.parameters());
-    ZeroOptimizer zero(*adam, model, options_for(stage, engine));
+    ZeroOptimizer zero(*adam, model, zt::zero_options(stage, engine));
     if (!load_dir.empty()) {
       const CheckpointState state = load_zero_checkpoint(load_dir, zero);
       EXPECT_EQ(state.step, first);
@@ -141,7 +133,7 @@ std::vector<std::string> load_errors(const zt::ZeroNet& initial, const std::stri
   run_with_engines(world, [&](int rank, Engine& engine) {
     auto model = zt::copy_of(initial);
     auto adam = zt::make_optimizer(zt::Kind::kAdam, model->parameters());
-    ZeroOptimizer zero(*adam, *model, options_for(2, engine));
+    ZeroOptimizer zero(*adam, *model, zt::zero_options(2, engine));
     errors[rank] = testing::error_of([&] { load_zero_checkpoint(dir, zero); });
     optimizer_testing::finish(engine);
   });

@@ -40,14 +40,6 @@ int64_t bytes_of(const torch::Tensor& t) {
   return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
 }
 
-ZeroOptions zero_options(int stage, Engine& engine) {
-  ZeroOptions o;
-  o.stage = stage;
-  o.engine = &engine;
-  o.timeout = testing::kTorchTimeout;
-  return o;
-}
-
 DistributedOptimizerOptions ddp_options(Engine& engine) {
   DistributedOptimizerOptions o;
   o.engine = &engine;
@@ -105,7 +97,7 @@ TEST(ZeroFlat, EachStageHoldsLessThanDistributedOptimizerAndTheSliceIsTheParamet
       std::vector<const c10::TensorImpl*> identities;
       for (const auto& p : model.parameters()) identities.push_back(p.unsafeGetTensorImpl());
       auto adam = zt::make_optimizer(zt::Kind::kAdam, model.parameters());
-      ZeroOptimizer zero(*adam, model, zero_options(stage, engine));
+      ZeroOptimizer zero(*adam, model, zt::zero_options(stage, engine));
       int64_t mine = 0;
       for (const auto& b : zero.buckets()) mine += b.shard_numel;
       for (const zt::Batch& batch : batches) {
@@ -196,7 +188,7 @@ TEST(ZeroFlat, GradientsSetToNoneAndReplacedParametersAreTakenBack) {
       auto ddp_inner = zt::make_optimizer(zt::Kind::kAdam, ddp_model.parameters());
       auto zero_inner = zt::make_optimizer(zt::Kind::kAdam, zero_model.parameters());
       DistributedOptimizer ddp(*ddp_inner, ddp_model.named_parameters(), ddp_options(engine));
-      ZeroOptimizer zero(*zero_inner, zero_model, zero_options(stage, engine));
+      ZeroOptimizer zero(*zero_inner, zero_model, zt::zero_options(stage, engine));
       torch::Tensor weight = zero_model.named_parameters()["fc1.weight"];
       for (int s = 0; s < kSteps; ++s) {
         const zt::Batch mine = batches[s].share(rank, kWorld);
@@ -268,7 +260,7 @@ TEST(ZeroFlat, ParameterGroupsAndMixedDtypesMatchDistributedOptimizer) {
         auto ddp_inner = grouped_adam(ddp_model);
         auto zero_inner = grouped_adam(zero_model);
         DistributedOptimizer ddp(*ddp_inner, ddp_model.named_parameters(), ddp_options(engine));
-        ZeroOptimizer zero(*zero_inner, zero_model, zero_options(stage, engine));
+        ZeroOptimizer zero(*zero_inner, zero_model, zt::zero_options(stage, engine));
         EXPECT_EQ(zero.buckets().size(), 2u) << what;  // one per dtype
         for (const zt::Batch& batch : batches) {
           const zt::Batch mine = batch.share(rank, world);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kolo/torch/zero.h"
+#include "torch_harness.h"
 
 namespace kolo::zero_testing {
 
@@ -72,6 +73,15 @@ inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(Kind kind,
   }
   return std::make_unique<torch::optim::Adam>(std::move(params),
                                               torch::optim::AdamOptions(1e-2).weight_decay(1e-3));
+}
+
+// ZeroOptions for `stage` on `engine`, with the tests' timeout.
+inline ZeroOptions zero_options(int stage, Engine& engine) {
+  ZeroOptions o;
+  o.stage = stage;
+  o.engine = &engine;
+  o.timeout = testing::kTorchTimeout;
+  return o;
 }
 
 }  // namespace kolo::zero_testing
