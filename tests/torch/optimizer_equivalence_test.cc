@@ -195,5 +195,61 @@ TEST_F(OptimizerEquivalence, BackwardPassesPerStepAtWorldSizeOne) {
   expect_equivalent(run, kRtol, kAtol);
 }
 
+// Uneven per-rank batches (what kolo::BatchBalancer hands out): rank r takes
+// rows [offset_r, offset_r + b_r) of each step's batch and scales its mean
+// loss by size * b_r / G (BatchBalancer::gradient_weight()), which turns the
+// average of the ranks' gradients into the mean over all G rows, as one
+// process with the whole batch.
+void expect_uneven_batches_equivalent(OptimizerKind kind, double lr,
+                                      const std::vector<int64_t>& rows) {
+  const int n = static_cast<int>(rows.size());
+  int64_t global = 0;
+  for (int64_t b : rows) global += b;
+  torch::manual_seed(7);
+  Mlp initial;
+  const auto batches = ot::make_batches(kSteps, global);
+  TrainingRun single;
+  single.world = n;
+  single.kind = kind;
+  single.lr = lr;
+  auto expected = train_single(initial, batches, single);
+
+  EngineWorld world("threads", n);
+  std::vector<std::shared_ptr<Mlp>> models;
+  for (int r = 0; r < n; ++r) models.push_back(clone_of(initial));
+  ot::run_ranks(n, [&](int rank) {
+    auto engine = world.engine(rank);
+    Mlp& model = *models[rank];
+    auto optimizer = ot::make_optimizer(kind, model.parameters(), lr);
+    DistributedOptimizerOptions options;
+    options.engine = engine.get();
+    options.timeout = ot::kEngineTimeout;
+    DistributedOptimizer distributed(*optimizer, model.named_parameters(), options);
+    int64_t offset = 0;
+    for (int r = 0; r < rank; ++r) offset += rows[r];
+    const double weight = static_cast<double>(n * rows[rank]) / static_cast<double>(global);
+    for (const Batch& batch : batches) {
+      distributed.zero_grad();
+      const torch::Tensor loss = ot::loss_of(model, batch.x.slice(0, offset, offset + rows[rank]),
+                                             batch.y.slice(0, offset, offset + rows[rank]));
+      (loss * weight).backward();
+      distributed.step();
+    }
+    ot::finish(*engine);
+  });
+  for (int r = 0; r < n; ++r) {
+    ot::expect_params_close(*models[r], *expected, kRtol, kAtol, "rank " + std::to_string(r));
+  }
+  EXPECT_GT((expected->fc1->weight - initial.fc1->weight).abs().max().item<double>(), 1e-3);
+}
+
+TEST_F(OptimizerEquivalence, UnevenBatchesWeightedBySampleCountMatchOneProcessSgd) {
+  expect_uneven_batches_equivalent(OptimizerKind::kSgd, 0.05, {4, 8});
+}
+
+TEST_F(OptimizerEquivalence, UnevenBatchesWeightedBySampleCountMatchOneProcessAdam) {
+  expect_uneven_batches_equivalent(OptimizerKind::kAdam, 1e-2, {3, 7, 2});
+}
+
 }  // namespace
 }  // namespace kolo
