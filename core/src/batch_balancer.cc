@@ -20,9 +20,16 @@ constexpr const char* kWhat = "kolo::BatchBalancer";
 // "" when the options are valid for a world of `size` ranks.
 std::string check_options(const BatchBalancerOptions& o, int size) {
   std::ostringstream error;
-  if (o.global_batch < size) {
-    error << "options.global_batch is " << o.global_batch << ", below the " << size
-          << " ranks (every rank needs at least one sample per step); pass the samples per step "
+  if (o.granularity < 1) {
+    error << "options.granularity is " << o.granularity << "; it must be at least 1 sample";
+  } else if (o.global_batch % o.granularity != 0) {
+    error << "options.global_batch " << o.global_batch << " is not a multiple of "
+          << "options.granularity " << o.granularity
+          << "; batches are handed out in whole units of granularity";
+  } else if (o.global_batch / o.granularity < size) {
+    error << "options.global_batch is " << o.global_batch << ": " << o.global_batch / o.granularity
+          << " units of " << o.granularity << " for " << size
+          << " ranks (every rank needs at least one unit per step); pass the samples per step "
              "summed over all ranks";
   } else if (o.interval < 1) {
     error << "options.interval is " << o.interval << "; it must be at least 1 step";
@@ -30,6 +37,8 @@ std::string check_options(const BatchBalancerOptions& o, int size) {
     error << "options.smoothing is " << o.smoothing << "; it must be in (0, 1]";
   } else if (!(o.min_fraction > 0 && o.min_fraction <= 1)) {
     error << "options.min_fraction is " << o.min_fraction << "; it must be in (0, 1]";
+  } else if (!(o.min_gain >= 0 && o.min_gain < 1)) {
+    error << "options.min_gain is " << o.min_gain << "; it must be in [0, 1)";
   }
   return error.str();
 }
@@ -41,12 +50,18 @@ TensorView f64_view(std::vector<double>& values) {
 }  // namespace
 
 std::vector<int64_t> BatchBalancer::split(int64_t global_batch, const std::vector<double>& rates,
-                                          double min_fraction) {
+                                          double min_fraction, int64_t granularity) {
   const size_t n = rates.size();
-  if (n == 0 || global_batch < static_cast<int64_t>(n)) {
+  if (granularity < 1 || global_batch % granularity != 0 || n == 0 ||
+      global_batch / granularity < static_cast<int64_t>(n)) {
     throw ContractError(std::string(kWhat) + "::split: " + std::to_string(global_batch) +
-                        " samples cannot give each of " + std::to_string(n) +
-                        " ranks at least one");
+                        " samples in units of " + std::to_string(granularity) +
+                        " cannot give each of " + std::to_string(n) + " ranks at least one unit");
+  }
+  if (granularity > 1) {
+    std::vector<int64_t> units = split(global_batch / granularity, rates, min_fraction, 1);
+    for (int64_t& u : units) u *= granularity;
+    return units;
   }
   const int64_t floor_batch = std::max<int64_t>(
       1, static_cast<int64_t>(std::floor(min_fraction * static_cast<double>(global_batch) /
@@ -111,6 +126,16 @@ std::vector<int64_t> BatchBalancer::split(int64_t global_batch, const std::vecto
   return batches;
 }
 
+double BatchBalancer::predicted_seconds(const std::vector<int64_t>& batches,
+                                        const std::vector<double>& rates) {
+  double slowest = 0;
+  for (size_t r = 0; r < batches.size() && r < rates.size(); ++r) {
+    if (!(rates[r] > 0)) return 0;
+    slowest = std::max(slowest, static_cast<double>(batches[r]) / rates[r]);
+  }
+  return slowest;
+}
+
 BatchBalancer::BatchBalancer(const BatchBalancerOptions& options)
     : options_(options), engine_(options.engine ? options.engine : &runtime().engine()) {
   rank_ = engine_->rank();
@@ -120,9 +145,13 @@ BatchBalancer::BatchBalancer(const BatchBalancerOptions& options)
   // ranks), so that every rank throws, not just the ones that are wrong.
   const std::string error = check_options(options, size_);
   const std::vector<double> mine = {static_cast<double>(options.global_batch),
-                                    static_cast<double>(options.interval), options.smoothing,
-                                    options.min_fraction};
-  const char* names[] = {"global_batch", "interval", "smoothing", "min_fraction"};
+                                    static_cast<double>(options.granularity),
+                                    static_cast<double>(options.interval),
+                                    options.smoothing,
+                                    options.min_fraction,
+                                    options.min_gain};
+  const char* names[] = {"global_batch", "granularity", "interval",
+                         "smoothing",    "min_fraction", "min_gain"};
   const size_t k = mine.size();
   std::vector<double> wire(2 * k + 1);
   for (size_t i = 0; i < k; ++i) {
@@ -148,7 +177,8 @@ BatchBalancer::BatchBalancer(const BatchBalancerOptions& options)
     }
   }
   rates_.assign(size_, 0.0);
-  set_batches(split(options.global_batch, std::vector<double>(size_, 1.0), 1.0));
+  set_batches(split(options.global_batch, std::vector<double>(size_, 1.0), 1.0,
+                    options.granularity));
 }
 
 void BatchBalancer::set_batches(std::vector<int64_t> batches) {
@@ -168,8 +198,7 @@ bool BatchBalancer::record(double compute_seconds) {
                         std::to_string(compute_seconds) +
                         " s; pass this step's forward and backward time in seconds (>= 0)");
   }
-  samples_since_ += static_cast<double>(batch());
-  seconds_since_ += compute_seconds;
+  if (compute_seconds > 0) step_rates_.push_back(static_cast<double>(batch()) / compute_seconds);
   if (++calls_since_ < options_.interval) return false;
   const std::vector<int64_t> before = batches_;
   rebalance();
@@ -177,23 +206,28 @@ bool BatchBalancer::record(double compute_seconds) {
 }
 
 void BatchBalancer::rebalance() {
-  const size_t n = static_cast<size_t>(size_);
-  std::vector<double> wire(2 * n, 0.0);
-  wire[rank_] = samples_since_;
-  wire[n + rank_] = seconds_since_;
+  // This rank's median rate over the interval (0 = nothing measured).
+  std::vector<double> wire(static_cast<size_t>(size_), 0.0);
+  if (!step_rates_.empty()) {
+    const auto middle = step_rates_.begin() + static_cast<std::ptrdiff_t>(step_rates_.size() / 2);
+    std::nth_element(step_rates_.begin(), middle, step_rates_.end());
+    wire[rank_] = *middle;
+  }
   RequestOptions sum;
   sum.op = ReduceOp::kSum;
   engine_->allreduce(options_.name + ".rates", f64_view(wire), f64_view(wire), sum);
-  for (size_t r = 0; r < n; ++r) {
-    if (!(wire[n + r] > 0)) continue;  // no time measured: keep the last rate
-    const double rate = wire[r] / wire[n + r];
-    rates_[r] = rates_[r] > 0 ? options_.smoothing * rate + (1 - options_.smoothing) * rates_[r]
-                              : rate;
+  for (size_t r = 0; r < wire.size(); ++r) {
+    if (!(wire[r] > 0)) continue;  // nothing measured: keep the last rate
+    rates_[r] = rates_[r] > 0 ? options_.smoothing * wire[r] + (1 - options_.smoothing) * rates_[r]
+                              : wire[r];
   }
-  set_batches(split(options_.global_batch, rates_, options_.min_fraction));
+  std::vector<int64_t> candidate =
+      split(options_.global_batch, rates_, options_.min_fraction, options_.granularity);
+  const double now = predicted_seconds(batches_, rates_);
+  const double then = predicted_seconds(candidate, rates_);
+  if (now > 0 && then > 0 && then < (1 - options_.min_gain) * now) set_batches(std::move(candidate));
   calls_since_ = 0;
-  samples_since_ = 0;
-  seconds_since_ = 0;
+  step_rates_.clear();
   ++rebalances_;
 }
 

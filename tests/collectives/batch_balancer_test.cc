@@ -50,6 +50,20 @@ TEST(BatchBalancerSplit, NoRankFallsBelowTheFloor) {
   EXPECT_EQ(BatchBalancer::split(64, {3.0, 1.0}, 1.0), (std::vector<int64_t>{32, 32}));
 }
 
+TEST(BatchBalancerSplit, InUnitsOfTheGranularity) {
+  // 16 units of 8: 10.67 and 5.33 -> 11 and 5 units.
+  EXPECT_EQ(BatchBalancer::split(128, {2.0, 1.0}, 0.25, 8), (std::vector<int64_t>{88, 40}));
+  EXPECT_EQ(BatchBalancer::split(24, {1.0, 1.0, 1.0}, 0.25, 8), (std::vector<int64_t>{8, 8, 8}));
+  EXPECT_THROW(BatchBalancer::split(100, {1.0, 1.0}, 0.25, 8), ContractError);
+  EXPECT_THROW(BatchBalancer::split(16, {1.0, 1.0, 1.0}, 0.25, 8), ContractError);
+}
+
+TEST(BatchBalancerSplit, PredictedStepIsTheSlowestRanksShare) {
+  EXPECT_DOUBLE_EQ(BatchBalancer::predicted_seconds({64, 32}, {1000.0, 500.0}), 0.064);
+  EXPECT_DOUBLE_EQ(BatchBalancer::predicted_seconds({48, 48}, {1000.0, 500.0}), 0.096);
+  EXPECT_EQ(BatchBalancer::predicted_seconds({48, 48}, {1000.0, 0.0}), 0.0);
+}
+
 TEST(BatchBalancerSplit, UnmeasuredRanksCountAsTheSlowest) {
   EXPECT_EQ(BatchBalancer::split(60, {0.0, 0.0}, 0.25), (std::vector<int64_t>{30, 30}));
   EXPECT_EQ(BatchBalancer::split(90, {2.0, 0.0, 1.0}, 0.25), (std::vector<int64_t>{45, 23, 22}));
@@ -99,6 +113,33 @@ TEST_P(BatchBalancerRanks, FasterRankGetsTheLargerShareOnEveryRank) {
   EXPECT_DOUBLE_EQ(weights[0] + weights[1], 2.0);
 }
 
+// Rank 1 is 3% slower per sample: the proportional split (49/47) would
+// shorten the step by 0.9%, less than min_gain 2%, so the split stays even;
+// with min_gain 0 it moves. Also in units of 8: 96 = 12 units, 6/6 either way.
+TEST_P(BatchBalancerRanks, SmallGainsDoNotMoveTheSplit) {
+  constexpr int n = 2;
+  EngineWorld world(GetParam(), n);
+  std::vector<std::vector<int64_t>> seen(n);
+  run_ranks(n, [&](int rank) {
+    auto engine = world.engine(rank);
+    const double seconds_per_sample = rank == 1 ? 1.03e-3 : 1e-3;
+    for (double min_gain : {0.02, 0.0}) {
+      for (int64_t granularity : {int64_t{1}, int64_t{8}}) {
+        BatchBalancerOptions o = balancer_options(*engine, 96);
+        o.min_gain = min_gain;
+        o.granularity = granularity;
+        o.name = "balancer/" + std::to_string(min_gain) + "/" + std::to_string(granularity);
+        BatchBalancer balancer(o);
+        for (int step = 0; step < 4; ++step) balancer.record(seconds_per_sample * balancer.batch());
+        EXPECT_EQ(balancer.rebalances(), 2);
+        seen[rank].insert(seen[rank].end(), balancer.batches().begin(), balancer.batches().end());
+      }
+    }
+  });
+  EXPECT_EQ(seen[0], (std::vector<int64_t>{48, 48, 48, 48, 49, 47, 48, 48}));
+  EXPECT_EQ(seen[1], seen[0]);
+}
+
 TEST_P(BatchBalancerRanks, DifferentOptionsFailOnEveryRank) {
   constexpr int n = 3;
   EngineWorld world(GetParam(), n);
@@ -146,7 +187,7 @@ TEST_P(BatchBalancerRanks, GlobalBatchBelowTheWorldAndBadTimesAreErrors) {
       BatchBalancer balancer(balancer_options(*engine, 1));
       ADD_FAILURE() << "a global batch of 1 for 2 ranks was accepted";
     } catch (const ContractError& e) {
-      EXPECT_NE(std::string(e.what()).find("options.global_batch is 1, below the 2 ranks"),
+      EXPECT_NE(std::string(e.what()).find("options.global_batch is 1: 1 units of 1 for 2 ranks"),
                 std::string::npos)
           << e.what();
     }

@@ -42,18 +42,32 @@
 // for the others inside step(): a rank that waited would otherwise look slow.
 //
 // Rebalancing. Every `interval`-th record() is collective: one allreduce of
-// 2 x size doubles (each rank's samples and compute seconds since the last
-// rebalance) through the engine. Each rank's rate is smoothed across
-// rebalances (exponential moving average with weight `smoothing` on the
-// newest), and the new batches are proportional to the smoothed rates, with
-// no rank below floor(min_fraction x G / size) samples (and at least 1),
-// rounded by largest remainder so that they sum to exactly G. Every rank
-// computes the same split from the same reduced numbers, so all agree
-// without further messages. Until the first rebalance the split is even
-// (the first G % size ranks take one more).
+// `size` doubles through the engine, each rank's median rate (samples per
+// second of compute) over the steps since the last rebalance (a median, so
+// that a step slowed once, e.g. by the first run of a new batch shape, does
+// not move the split). Each rank's rate is smoothed across rebalances
+// (exponential moving average with weight `smoothing` on the newest). The
+// candidate split is proportional to the smoothed rates, in multiples of
+// `granularity` samples, with no rank below floor(min_fraction x G / size)
+// (and at least one unit), rounded by largest remainder so that it sums to
+// exactly G. It replaces the current split only if it shortens the predicted
+// step (the slowest rank's batch / rate) by more than `min_gain`: every new
+// batch size costs the libraries a one-time setup (oneDNN builds new
+// convolution kernels: 50-150 ms for the seed CNN here), so the split must
+// not chase noise. Every rank computes the same split from the same reduced
+// numbers, so all agree without further messages. Until the first change the
+// split is even (in units of `granularity`, the first ranks taking the
+// remainder).
 //
-// Errors. Invalid options (G < size, interval < 1, smoothing outside (0, 1],
-// min_fraction outside (0, 1]) or options that differ between ranks are a
+// Placement. The balancer follows speeds that stay with a rank. Unpinned
+// workers can be moved between cores of different speeds by the scheduler;
+// the split then follows after an interval or two (the median and the
+// smoothing keep single slow steps out). Pinning workers to cores (taskset,
+// mpirun --bind-to core) makes each rank's speed steadier.
+//
+// Errors. Invalid options (G not a multiple of granularity, fewer than size
+// units of granularity, interval < 1, smoothing or min_fraction outside
+// (0, 1], min_gain outside [0, 1)) or options that differ between ranks are a
 // ContractError on every rank from the constructor (which is collective).
 // A negative or non-finite compute time is a ContractError from record().
 // Not thread-safe: one training thread per rank.
@@ -68,10 +82,12 @@ namespace kolo {
 class Engine;
 
 struct BatchBalancerOptions {
-  int64_t global_batch = 0;   // G: samples per step summed over all ranks (>= size)
+  int64_t global_batch = 0;   // G: samples per step summed over all ranks
+  int64_t granularity = 1;    // batches are multiples of it; G % granularity == 0
   int interval = 5;           // record() calls (steps) between rebalances
   double smoothing = 0.5;     // weight of the newest rate in the running average, (0, 1]
   double min_fraction = 0.25;  // floor of a rank's batch as a fraction of G / size, (0, 1]
+  double min_gain = 0.02;     // predicted step-time gain a new split needs, [0, 1)
   Engine* engine = nullptr;   // nullptr = kolo::runtime().engine(); the whole world
   std::string name = "kolo.batch_balancer";  // request name prefix (distinct per balancer)
 };
@@ -95,20 +111,27 @@ class BatchBalancer {
 
   // Records this step's compute time of this rank, in seconds, for its
   // current batch(). Every `interval`-th call is collective and may change
-  // the split; returns true when it did.
+  // the split; returns true when it did. A time of 0 carries no information
+  // (that step is left out).
   bool record(double compute_seconds);
 
   // Smoothed samples per second of compute, by rank (0 before the first
-  // rebalance), and the number of rebalances so far.
+  // rebalance), and the number of rebalances (collective rounds, whether or
+  // not they changed the split) so far.
   const std::vector<double>& rates() const { return rates_; }
   int64_t rebalances() const { return rebalances_; }
 
   // The split itself (exposed for tests): batches proportional to `rates`
-  // summing to `global_batch`, none below floor(min_fraction * G / n) nor 1.
-  // A rank with a non-positive rate counts as the slowest positive one (all
-  // even when none is positive).
+  // summing to `global_batch`, in multiples of `granularity`, none below
+  // floor(min_fraction * units / n) units nor one unit. A rank with a
+  // non-positive rate counts as the slowest positive one (all even when none
+  // is positive).
   static std::vector<int64_t> split(int64_t global_batch, const std::vector<double>& rates,
-                                    double min_fraction);
+                                    double min_fraction, int64_t granularity = 1);
+  // The step time a split predicts: max over ranks of batch / rate (0 when a
+  // rate is not positive).
+  static double predicted_seconds(const std::vector<int64_t>& batches,
+                                  const std::vector<double>& rates);
 
  private:
   void set_batches(std::vector<int64_t> batches);
@@ -121,9 +144,8 @@ class BatchBalancer {
   std::vector<int64_t> batches_;
   std::vector<int64_t> offsets_;
   std::vector<double> rates_;
-  int calls_since_ = 0;         // record() calls since the last rebalance
-  double samples_since_ = 0;    // this rank's samples over those calls
-  double seconds_since_ = 0;    // and their compute seconds
+  int calls_since_ = 0;              // record() calls since the last rebalance
+  std::vector<double> step_rates_;  // this rank's samples/second per step since the last rebalance
   int64_t rebalances_ = 0;
 };
 
