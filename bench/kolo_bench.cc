@@ -102,8 +102,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cnn", "mlp"}));
   scaling_sub->add_option("--systems", scaling.systems, "systems to measure")
       ->delimiter(',')
-      ->check(CLI::IsMember({"kolo", "independent", "libtorch_1thread", "libtorch_2threads",
-                             "c10d_gloo", "pytorch_ddp"}));
+      ->check(CLI::IsMember({"kolo", "kolo_balanced", "independent", "libtorch_1thread",
+                             "libtorch_2threads", "c10d_gloo", "pytorch_ddp"}));
   scaling_sub->add_option("--workers", scaling.workers, "worker counts")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
@@ -141,6 +141,8 @@ int main(int argc, char** argv) {
   scaling_sub->add_option("--model", scaling_worker.model)->group("");
   scaling_sub->add_option("--batch-size", scaling_worker.batch)->group("");
   scaling_sub->add_option("--store-path", scaling_worker.store_path)->group("");
+  scaling_sub->add_flag("--balance", scaling_worker.balance)->group("");
+  scaling_sub->add_option("--sync-dir", scaling_worker.sync_dir)->group("");
 #endif
 
 #ifdef KOLO_BENCH_HAVE_ZERO

@@ -164,6 +164,9 @@ struct Measurement {
   // Per repeat: the slowest worker's images/sec (for independent workers, the
   // pace a synchronous system is held to when the cores differ in speed).
   std::vector<double> slowest_worker_images_per_sec;
+  // The last run's mean images per step of each worker, by rank
+  // ("70.2/57.8"): kolo_balanced's split.
+  std::string batches;
   std::string error;
 };
 
@@ -226,7 +229,10 @@ class Driver {
           list.push_back({model, system, 1, system == "libtorch_2threads" ? 2 : 1});
           continue;
         }
-        for (int w : options_.workers) list.push_back({model, system, w, options_.threads});
+        for (int w : options_.workers) {
+          if (system == "kolo_balanced" && w == 1) continue;  // nothing to balance
+          list.push_back({model, system, w, options_.threads});
+        }
       }
     }
     return list;
@@ -257,12 +263,13 @@ class Driver {
     std::vector<Command> commands;
     const std::string tag = config.model + "-" + config.system + "-" +
                             std::to_string(config.workers) + "-" + std::to_string(repeat);
-    if (config.system == "kolo") {
+    if (config.system == "kolo" || config.system == "kolo_balanced") {
       Command c{{kolorun_, "-np", std::to_string(config.workers), "--job-timeout",
                  std::to_string(options_.config_timeout_s), self_},
                 thread_env};
       c.argv.insert(c.argv.end(), worker_args.begin(), worker_args.end());
       c.argv.insert(c.argv.end(), {"--system", "kolo"});
+      if (config.system == "kolo_balanced") c.argv.push_back("--balance");
       commands.push_back(c);
     } else if (config.system == "pytorch_ddp") {
       const std::string port = std::to_string(free_port());
@@ -283,11 +290,14 @@ class Driver {
       // independent: N unrelated processes (WORLD_SIZE only picks disjoint
       // data); libtorch_*: one process; c10d_gloo: N processes in a group.
       const bool c10d = config.system == "c10d_gloo";
+      const std::string sync_dir = scratch_ + "/sync-" + tag;
+      if (config.system == "independent") fs::create_directories(sync_dir);
       for (int r = 0; r < config.workers; ++r) {
         Command c{{self_}, thread_env};
         c.argv.insert(c.argv.end(), worker_args.begin(), worker_args.end());
         c.argv.insert(c.argv.end(), {"--system", c10d ? "c10d_gloo" : "local"});
         if (c10d) c.argv.insert(c.argv.end(), {"--store-path", scratch_ + "/store-" + tag});
+        if (config.system == "independent") c.argv.insert(c.argv.end(), {"--sync-dir", sync_dir});
         c.env.insert(c.env.end(),
                      {{"RANK", std::to_string(r)}, {"WORLD_SIZE", std::to_string(config.workers)}});
         commands.push_back(c);
@@ -297,8 +307,10 @@ class Driver {
     double ips = 0, step_ms = 0;
     double slowest = std::numeric_limits<double>::infinity();
     int ranks = 0;
+    std::map<int, double> batches;  // by rank
     for (const std::string& out : run.outputs) {
       for (const nlohmann::json& row : json_lines(out)) {
+        batches[row.value("rank", ranks)] = row.value("batch", 0.0);
         ips += row.at("images_per_sec").get<double>();
         slowest = std::min(slowest, row.at("images_per_sec").get<double>());
         step_ms = std::max(step_ms, row.at("step_ms").get<double>());
@@ -315,6 +327,9 @@ class Driver {
     m->images_per_sec.push_back(ips);
     m->step_ms.push_back(step_ms);
     m->slowest_worker_images_per_sec.push_back(slowest);
+    m->batches.clear();
+    for (const auto& [rank, b] : batches)
+      m->batches += (m->batches.empty() ? "" : "/") + format_fixed(b, 1);
     return m;
   }
 
@@ -406,6 +421,9 @@ int run_scaling_bench(const ScalingOptions& options) {
     const bool oversubscribed = static_cast<unsigned>(c.workers * c.threads) > cores;
     std::string note = oversubscribed ? "oversubscribed" : "";
     if (c.system == "kolo") note += std::string(note.empty() ? "" : ", ") + "DistributedOptimizer";
+    if (c.system == "kolo_balanced" && !m.batches.empty())
+      note += std::string(note.empty() ? "" : ", ") + "BatchBalancer, images/step by rank " +
+              m.batches;
     nlohmann::json row = {{"model", c.model},          {"system", c.system},
                           {"workers", c.workers},      {"threads_per_worker", c.threads},
                           {"batch_per_worker", batch}, {"oversubscribed", oversubscribed}};
@@ -453,6 +471,8 @@ int run_scaling_bench(const ScalingOptions& options) {
     ratio("kolo x1 / libtorch_1thread", "kolo", 1, "libtorch_1thread", 1);
     ratio("kolo x2 / libtorch_2threads", "kolo", 2, "libtorch_2threads", 1);
     ratio("kolo x2 / independent x2", "kolo", 2, "independent", 2);
+    ratio("kolo_balanced x2 / independent x2", "kolo_balanced", 2, "independent", 2);
+    ratio("kolo_balanced x2 / kolo x2", "kolo_balanced", 2, "kolo", 2);
     ratio("kolo x2 / c10d_gloo x2", "kolo", 2, "c10d_gloo", 2);
     ratio("kolo x2 / pytorch_ddp x2", "kolo", 2, "pytorch_ddp", 2);
     ratio("independent x2 / independent x1", "independent", 2, "independent", 1);

@@ -11,8 +11,14 @@
 // counts), because timings on a shared 2-core machine swing by +-30%.
 //
 // Systems (each worker computes with --threads threads, 1 by default):
-//   kolo               N workers under kolorun, kolo::DistributedOptimizer
-//   independent        N processes training alone, no gradient exchange: the ceiling
+//   kolo               N workers under kolorun, kolo::DistributedOptimizer, equal
+//                      per-worker batches
+//   kolo_balanced      the same with kolo::BatchBalancer: the same global batch split
+//                      by each worker's measured speed (kolo/core/batch_balancer.h)
+//   independent        N processes training alone, no gradient exchange: the ceiling.
+//                      They start timing together and keep training (untimed) until
+//                      the last one has finished its timed steps, so that every
+//                      timed step ran beside the others (alone, a worker is faster)
 //   libtorch_1thread   one process, plain libtorch, 1 thread (workers = 1)
 //   libtorch_2threads  one process, plain libtorch, 2 threads (workers = 1)
 //   c10d_gloo          N processes, c10d ProcessGroupGloo (libtorch_cpu), FileStore
@@ -29,7 +35,8 @@ namespace kolo::bench {
 struct ScalingOptions {
   std::vector<std::string> models = {"cnn", "mlp"};
   std::vector<std::string> systems = {
-      "kolo", "independent", "libtorch_1thread", "libtorch_2threads", "c10d_gloo", "pytorch_ddp"};
+      "kolo",          "kolo_balanced", "independent", "libtorch_1thread",
+      "libtorch_2threads", "c10d_gloo",   "pytorch_ddp"};
   std::vector<int> workers = {1, 2, 4};
   int steps = 50;          // timed steps per worker
   int warmup_steps = 5;    // untimed steps first
@@ -62,6 +69,10 @@ struct ScalingWorkerOptions {
   bool synthetic = false;
   std::string data_dir;
   std::string store_path;  // c10d_gloo: FileStore path shared by the ranks
+  bool balance = false;    // kolo: kolo::BatchBalancer splits the global batch
+  // local with WORLD_SIZE > 1 (independent): a directory the workers share
+  // to start timing together and to keep training until all are done.
+  std::string sync_dir;
 };
 
 // The driver: runs every configuration, prints the table (or JSON rows),
@@ -69,7 +80,7 @@ struct ScalingWorkerOptions {
 int run_scaling_bench(const ScalingOptions& options);
 
 // One worker: trains and prints {"rank", "world", "images_per_sec", "step_ms"}
-// as one JSON line on stdout. kolo workers take their rank from kolorun;
+// (plus "batch", this worker's mean images per step) as one JSON line on stdout. kolo workers take their rank from kolorun;
 // c10d_gloo and local workers from RANK and WORLD_SIZE (default 0 and 1).
 int run_scaling_worker(const ScalingWorkerOptions& options);
 

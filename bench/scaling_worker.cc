@@ -9,14 +9,18 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <thread>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "fashion_mnist_data.h"  // examples/fashion_mnist, compiled into kolo-bench
+#include "kolo/core/batch_balancer.h"
 #include "kolo/core/runtime.h"
 #include "kolo/torch/broadcast.h"
 #include "kolo/torch/optimizer.h"
@@ -124,26 +128,51 @@ int run_scaling_worker(const ScalingWorkerOptions& options) {
   }
   torch::manual_seed(1000 + static_cast<uint64_t>(rank));  // dropout differs per rank
 
-  const int64_t n = data.images.size(0);
+  // kolo_balanced: the same global batch, split by the workers' measured
+  // compute speed; each worker's loss is weighted by its share.
   const int64_t batch = options.batch;
+  const int64_t global = batch * world;
+  std::unique_ptr<kolo::BatchBalancer> balancer;
+  if (use_kolo && options.balance) {
+    kolo::BatchBalancerOptions balance;
+    balance.global_batch = global;
+    // Batches in multiples of 4 images: few distinct shapes, each of which
+    // costs oneDNN a one-time kernel setup.
+    if (global % 4 == 0 && global / 4 >= world) balance.granularity = 4;
+    balancer = std::make_unique<kolo::BatchBalancer>(balance);
+  }
+
+  const int64_t n = data.images.size(0);
+  if (n <= global)
+    throw std::invalid_argument("kolo-bench scaling --worker: " + std::to_string(n) +
+                                " images cannot fill a global batch of " + std::to_string(global));
   int64_t step_index = 0;
-  auto train_step = [&] {
-    // Rank r's k-th batch: a contiguous slice, disjoint across ranks.
-    const int64_t start = ((step_index * world + rank) * batch) % (n - batch);
+  // One training step; returns the images it used.
+  auto train_step = [&]() -> int64_t {
+    // Step k's global batch is a contiguous slice; rank r takes its part.
+    const int64_t count = balancer ? balancer->batch() : batch;
+    const int64_t offset = balancer ? balancer->offset() : rank * batch;
+    const int64_t start = (step_index * global + offset) % (n - global);
     ++step_index;
+    const Clock::time_point compute_start = Clock::now();
     const torch::Tensor images =
-        data.images.slice(0, start, start + batch).to(torch::kFloat).div_(255.0);
-    const torch::Tensor labels = data.labels.slice(0, start, start + batch);
+        data.images.slice(0, start, start + count).to(torch::kFloat).div_(255.0);
+    const torch::Tensor labels = data.labels.slice(0, start, start + count);
     if (kolo_optimizer)
       kolo_optimizer->zero_grad();
     else
       trainee.optimizer->zero_grad();
     const torch::Tensor loss =
         torch::nn::functional::cross_entropy(trainee.forward(images), labels);
-    loss.backward();
+    if (balancer) {
+      (loss * balancer->gradient_weight()).backward();
+      balancer->record(std::chrono::duration<double>(Clock::now() - compute_start).count());
+    } else {
+      loss.backward();
+    }
     if (kolo_optimizer) {
       kolo_optimizer->step();
-      return;
+      return count;
     }
     if (group) {
       for (torch::Tensor& p : trainee.module->parameters()) {
@@ -153,18 +182,44 @@ int run_scaling_worker(const ScalingWorkerOptions& options) {
       }
     }
     trainee.optimizer->step();
+    return count;
+  };
+
+  // Independent workers (sync_dir): every timed step must run beside the
+  // others, as the ceiling means; a worker that ran its last steps alone
+  // would be faster than side by side. So they start timing together and
+  // keep training, untimed, until the last one has finished.
+  namespace fs = std::filesystem;
+  const bool sync = !options.sync_dir.empty() && world > 1;
+  auto mark = [&](const std::string& what) {
+    std::ofstream(fs::path(options.sync_dir) / (what + "." + std::to_string(rank)));
+  };
+  auto everyone = [&](const std::string& what) {
+    for (int r = 0; r < world; ++r)
+      if (!fs::exists(fs::path(options.sync_dir) / (what + "." + std::to_string(r)))) return false;
+    return true;
   };
 
   for (int i = 0; i < options.warmup_steps; ++i) train_step();
   if (group) group->barrier()->wait();
+  if (sync) {
+    mark("ready");
+    while (!everyone("ready")) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   const Clock::time_point start = Clock::now();
-  for (int i = 0; i < options.steps; ++i) train_step();
+  int64_t images = 0;
+  for (int i = 0; i < options.steps; ++i) images += train_step();
   const double elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
+  if (sync) {
+    mark("done");
+    while (!everyone("done")) train_step();
+  }
 
   nlohmann::json row = {{"rank", rank},
                         {"world", world},
                         {"threads", options.threads},
-                        {"images_per_sec", static_cast<double>(options.steps * batch) / elapsed_s},
+                        {"batch", static_cast<double>(images) / options.steps},
+                        {"images_per_sec", static_cast<double>(images) / elapsed_s},
                         {"step_ms", 1000.0 * elapsed_s / options.steps}};
   std::printf("%s\n", row.dump().c_str());
   std::fflush(stdout);
