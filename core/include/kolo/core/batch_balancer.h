@@ -84,10 +84,10 @@ class Engine;
 struct BatchBalancerOptions {
   int64_t global_batch = 0;   // G: samples per step summed over all ranks
   int64_t granularity = 1;    // batches are multiples of it; G % granularity == 0
-  int interval = 5;           // record() calls (steps) between rebalances
+  int interval = 10;          // record() calls (steps) between rebalances
   double smoothing = 0.5;     // weight of the newest rate in the running average, (0, 1]
   double min_fraction = 0.25;  // floor of a rank's batch as a fraction of G / size, (0, 1]
-  double min_gain = 0.02;     // predicted step-time gain a new split needs, [0, 1)
+  double min_gain = 0.03;     // predicted step-time gain a new split needs, [0, 1)
   Engine* engine = nullptr;   // nullptr = kolo::runtime().engine(); the whole world
   std::string name = "kolo.batch_balancer";  // request name prefix (distinct per balancer)
 };
