@@ -22,6 +22,9 @@
 //
 // With --elastic (under kolorun --min-np/--max-np) the same training survives
 // workers dying and joining: see run_elastic() below and docs/elastic.md.
+// With --balance the global batch is split by each worker's measured speed
+// (kolo::BatchBalancer) instead of evenly: for workers on cores, machines or
+// neighbours of different speeds.
 #include <malloc.h>
 #include <torch/torch.h>
 
@@ -32,6 +35,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -68,6 +73,7 @@ struct Flags {
   std::string data_dir = fashion_mnist::kDefaultDataDir;
   uint64_t seed = 42;
   int progress_lines = 10;    // progress lines per epoch on rank 0
+  bool balance = false;       // split each global batch by the workers' speed (BatchBalancer)
   bool elastic = false;       // train with kolo::elastic::run (kolorun --min-np/--max-np)
   int64_t commit_every = 20;  // --elastic: steps between commits
 };
@@ -226,9 +232,32 @@ int run(const Flags& flags) {
   // reshuffled per epoch with a seed all workers share.
   kolo::DistributedSamplerOptions shard;
   shard.seed = flags.seed;
+  const int64_t global_batch = flags.batch_size * workers;
+  // With --balance, step k's global batch is positions [k G, (k + 1) G) of
+  // the epoch's whole order (the same on every worker: a "sampler" of one
+  // rank), and the balancer says which part of it is this worker's; the
+  // last partial global batch of an epoch is left out.
+  if (flags.balance) {
+    shard.rank = 0;
+    shard.size = 1;
+  }
   kolo::DistributedSampler sampler(static_cast<size_t>(train.images.size(0)), shard);
   const int64_t shard_size = static_cast<int64_t>(sampler.size());
-  const int64_t steps_per_epoch = (shard_size + flags.batch_size - 1) / flags.batch_size;
+  const int64_t steps_per_epoch = flags.balance
+                                      ? shard_size / global_batch
+                                      : (shard_size + flags.batch_size - 1) / flags.batch_size;
+  if (flags.balance && steps_per_epoch == 0) {
+    throw std::invalid_argument("--balance needs at least one global batch of " +
+                                std::to_string(global_batch) + " images per epoch, got " +
+                                std::to_string(shard_size) +
+                                "; raise --train-subset or lower --batch-size");
+  }
+  std::unique_ptr<kolo::BatchBalancer> balancer;
+  if (flags.balance) {
+    kolo::BatchBalancerOptions balance;
+    balance.global_batch = global_batch;
+    balancer = std::make_unique<kolo::BatchBalancer>(balance);
+  }
 
   // --- 3. The model ---------------------------------------------------------
   torch::manual_seed(flags.seed);
@@ -277,7 +306,8 @@ int run(const Flags& flags) {
                 kolo::runtime().topology().source.c_str());
     std::printf(
         "  %lld training images (%lld per worker, %lld steps per epoch), %lld test images\n",
-        static_cast<long long>(train.images.size(0)), static_cast<long long>(shard_size),
+        static_cast<long long>(train.images.size(0)),
+        static_cast<long long>(flags.balance ? shard_size / workers : shard_size),
         static_cast<long long>(steps_per_epoch), static_cast<long long>(test.images.size(0)));
     std::printf(
         "  batch %lld per worker (global %lld), Adam lr %g -> %g over %g warmup epoch(s), "
@@ -304,8 +334,11 @@ int run(const Flags& flags) {
     int64_t seen = 0;
     const Clock::time_point start = Clock::now();
     for (int64_t step = 0; step < steps_per_epoch; ++step) {
-      const torch::Tensor rows =
-          order.slice(0, step * flags.batch_size, (step + 1) * flags.batch_size);
+      const Clock::time_point step_start = Clock::now();
+      const int64_t first = balancer ? step * global_batch + balancer->offset()  // --balance
+                                     : step * flags.batch_size;
+      const int64_t count = balancer ? balancer->batch() : flags.batch_size;
+      const torch::Tensor rows = order.slice(0, first, first + count);
       const torch::Tensor images = as_input(train.images.index_select(0, rows));  // (B, 1, 28, 28)
       const torch::Tensor labels = train.labels.index_select(0, rows);            // (B)
 
@@ -313,7 +346,15 @@ int run(const Flags& flags) {
       optimizer.zero_grad();
       const torch::Tensor logits = model->forward(images);  // (B, 10)
       const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
-      loss.backward();   // gradients' allreduces start here, last layer first
+      if (balancer) {
+        // Uneven batches: weight this worker's mean loss by its share so that
+        // the averaged gradient is the mean over the whole global batch, then
+        // report this worker's compute time (not the wait in step()).
+        (loss * balancer->gradient_weight()).backward();
+        balancer->record(seconds_since(step_start));
+      } else {
+        loss.backward();  // gradients' allreduces start here, last layer first
+      }
       optimizer.step();  // waits for the averaged gradients, then steps Adam
 
       const int64_t b = rows.size(0);
@@ -333,7 +374,8 @@ int run(const Flags& flags) {
     const double train_loss = kolo::metric_average(loss_sum / static_cast<double>(seen), "loss");
     const double train_accuracy =
         kolo::metric_average(static_cast<double>(correct) / static_cast<double>(seen), "accuracy");
-    const double images_per_s = static_cast<double>(seen) * workers / epoch_s;
+    const double images_per_s =
+        kolo::metric_average(static_cast<double>(seen), "images") * workers / epoch_s;
     const Evaluation eval = evaluate(model, test);
     if (chief) {
       print_progress(steps_per_epoch, steps_per_epoch, epoch_s, train_loss, train_accuracy, true);
@@ -341,6 +383,11 @@ int run(const Flags& flags) {
       std::printf("Images/sec: %.1f (%d worker(s), %.1f per worker)\n", images_per_s, workers,
                   images_per_s / workers);
       std::printf("Test loss: %.4f - test accuracy: %.4f\n", eval.loss, eval.accuracy);
+      if (balancer) {
+        std::printf("Balanced batch per worker:");
+        for (int64_t b : balancer->batches()) std::printf(" %lld", static_cast<long long>(b));
+        std::printf("\n");
+      }
       std::fflush(stdout);
     }
     records.push_back({epoch + 1, epoch_s, images_per_s, train_loss, train_accuracy, eval});
@@ -552,6 +599,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", flags.seed, "Seed shared by all workers")->capture_default_str();
   app.add_option("--progress-lines", flags.progress_lines, "Progress lines per epoch")
       ->capture_default_str();
+  app.add_flag("--balance", flags.balance,
+               "Split each global batch (workers x --batch-size) by the workers' measured speed "
+               "(kolo::BatchBalancer) instead of evenly");
   app.add_flag("--elastic", flags.elastic,
                "Survive workers dying and joining under kolorun --min-np/--max-np "
                "(docs/elastic.md)");
@@ -570,6 +620,12 @@ int main(int argc, char** argv) {
                  "fashion_mnist: --compression %s works with --zero-stage 0 only (ZeRO stage %d "
                  "does not compress gradients); drop --compression or use --zero-stage 0\n",
                  flags.compression.c_str(), flags.zero_stage);
+    return 2;
+  }
+  if (flags.elastic && flags.balance) {
+    std::fprintf(stderr,
+                 "fashion_mnist: --balance works without --elastic only (an elastic round "
+                 "re-shards the data by worker, not by global batch); drop one of them\n");
     return 2;
   }
   if (flags.elastic && flags.zero_stage != 0) {

@@ -244,6 +244,34 @@ TEST_F(FashionMnistExample, ZeroStage3TrainsAndResumesAtAnotherWorkerCount) {
   std::filesystem::remove_all(dir);
 }
 
+// --balance (kolo::BatchBalancer): each global batch of 2 x 32 images is
+// split by the workers' measured speed; the last partial global batch of the
+// epoch is left out (1000 / 64 -> 15 steps). The split is whatever the two
+// cores' speeds make it, but it always covers the global batch.
+TEST_F(FashionMnistExample, BalancedBatchesTrainOnTwoWorkers) {
+  RunResult r = run_kolorun({"-np", "2", example_path(), "--balance", "--train-subset=1000",
+                             "--test-subset=300", "--batch-size=32", "--threads=1", "--epochs",
+                             "1", "--progress-lines=1"},
+                            seconds(120));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("15/15 ["), std::string::npos) << r.out;
+  std::smatch split;
+  ASSERT_TRUE(std::regex_search(r.out, split,
+                                std::regex("Balanced batch per worker: ([0-9]+) ([0-9]+)")))
+      << r.out;
+  EXPECT_EQ(std::stoi(split[1].str()) + std::stoi(split[2].str()), 64) << r.out;
+  const auto accuracy = values_after(r.out, "test accuracy");
+  ASSERT_EQ(accuracy.size(), 1u) << r.out;
+  EXPECT_GT(accuracy[0], 0.4) << r.out;
+}
+
+TEST_F(FashionMnistExample, BalanceWithElasticIsAClearError) {
+  RunResult r = run_kolorun({"-np", "1", example_path(), "--balance", "--elastic"}, seconds(60));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--balance works without --elastic only"), std::string::npos) << r.err;
+}
+
 TEST_F(FashionMnistExample, BadZeroStageIsAClearError) {
   RunResult r = run_kolorun({"-np", "1", example_path(), "--zero-stage", "4"}, seconds(60));
   ASSERT_FALSE(r.timed_out) << r.out << r.err;

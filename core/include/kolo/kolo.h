@@ -1,6 +1,7 @@
 // Umbrella header for kolo's core (no libtorch).
 #pragma once
 
+#include "kolo/core/batch_balancer.h"
 #include "kolo/core/communicator.h"
 #include "kolo/core/config.h"
 #include "kolo/core/dtype.h"

@@ -12,6 +12,7 @@
 // lighter than <torch/torch.h>).
 #pragma once
 
+#include "kolo/core/batch_balancer.h"
 #include "kolo/core/errors.h"
 #include "kolo/core/runtime.h"
 #include "kolo/torch/broadcast.h"
