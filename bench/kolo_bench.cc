@@ -232,6 +232,7 @@ int main(int argc, char** argv) {
       scaling_worker.threads = scaling.threads;
       scaling_worker.synthetic = scaling.synthetic;
       scaling_worker.data_dir = scaling.data_dir;
+      scaling_worker.sync_timeout_s = scaling.config_timeout_s;
       return kolo::bench::run_scaling_worker(scaling_worker);
     }
 #endif

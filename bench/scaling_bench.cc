@@ -290,14 +290,15 @@ class Driver {
       // independent: N unrelated processes (WORLD_SIZE only picks disjoint
       // data); libtorch_*: one process; c10d_gloo: N processes in a group.
       const bool c10d = config.system == "c10d_gloo";
-      const std::string sync_dir = scratch_ + "/sync-" + tag;
-      if (config.system == "independent") fs::create_directories(sync_dir);
+      const std::string sync_dir = scratch_ + "/sync-" + tag;  // the workers' file store
       for (int r = 0; r < config.workers; ++r) {
         Command c{{self_}, thread_env};
         c.argv.insert(c.argv.end(), worker_args.begin(), worker_args.end());
         c.argv.insert(c.argv.end(), {"--system", c10d ? "c10d_gloo" : "local"});
         if (c10d) c.argv.insert(c.argv.end(), {"--store-path", scratch_ + "/store-" + tag});
-        if (config.system == "independent") c.argv.insert(c.argv.end(), {"--sync-dir", sync_dir});
+        if (config.system == "independent")
+          c.argv.insert(c.argv.end(), {"--sync-dir", sync_dir, "--config-timeout",
+                                       std::to_string(options_.config_timeout_s)});
         c.env.insert(c.env.end(),
                      {{"RANK", std::to_string(r)}, {"WORLD_SIZE", std::to_string(config.workers)}});
         commands.push_back(c);

@@ -71,8 +71,11 @@ struct ScalingWorkerOptions {
   std::string store_path;  // c10d_gloo: FileStore path shared by the ranks
   bool balance = false;    // kolo: kolo::BatchBalancer splits the global batch
   // local with WORLD_SIZE > 1 (independent): a directory the workers share
-  // to start timing together and to keep training until all are done.
+  // (a kolo file store) to start timing together and to keep training until
+  // all are done; waiting for the others to start ends after sync_timeout_s
+  // (the driver's --config-timeout) with a TimeoutError.
   std::string sync_dir;
+  int sync_timeout_s = 900;
 };
 
 // The driver: runs every configuration, prints the table (or JSON rows),

@@ -9,19 +9,18 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
-#include <thread>
+#include <vector>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "fashion_mnist_data.h"  // examples/fashion_mnist, compiled into kolo-bench
 #include "kolo/core/batch_balancer.h"
 #include "kolo/core/runtime.h"
+#include "kolo/core/store.h"
 #include "kolo/torch/broadcast.h"
 #include "kolo/torch/optimizer.h"
 #include "scaling_bench.h"
@@ -188,31 +187,30 @@ int run_scaling_worker(const ScalingWorkerOptions& options) {
   // Independent workers (sync_dir): every timed step must run beside the
   // others, as the ceiling means; a worker that ran its last steps alone
   // would be faster than side by side. So they start timing together and
-  // keep training, untimed, until the last one has finished.
-  namespace fs = std::filesystem;
-  const bool sync = !options.sync_dir.empty() && world > 1;
-  auto mark = [&](const std::string& what) {
-    std::ofstream(fs::path(options.sync_dir) / (what + "." + std::to_string(rank)));
-  };
-  auto everyone = [&](const std::string& what) {
-    for (int r = 0; r < world; ++r)
-      if (!fs::exists(fs::path(options.sync_dir) / (what + "." + std::to_string(r)))) return false;
-    return true;
+  // keep training, untimed, until the last one has finished (through kolo's
+  // file store in the directory the driver gives them).
+  std::shared_ptr<kolo::Store> side_by_side;
+  if (!options.sync_dir.empty() && world > 1) side_by_side = kolo::make_file_store(options.sync_dir);
+  auto all_ranks = [&](const std::string& what) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < world; ++r) keys.push_back(what + "." + std::to_string(r));
+    return keys;
   };
 
   for (int i = 0; i < options.warmup_steps; ++i) train_step();
   if (group) group->barrier()->wait();
-  if (sync) {
-    mark("ready");
-    while (!everyone("ready")) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (side_by_side) {
+    side_by_side->set("ready." + std::to_string(rank), {});
+    side_by_side->wait(all_ranks("ready"), std::chrono::seconds(options.sync_timeout_s));
   }
   const Clock::time_point start = Clock::now();
   int64_t images = 0;
   for (int i = 0; i < options.steps; ++i) images += train_step();
   const double elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
-  if (sync) {
-    mark("done");
-    while (!everyone("done")) train_step();
+  if (side_by_side) {
+    side_by_side->set("done." + std::to_string(rank), {});
+    const std::vector<std::string> done = all_ranks("done");
+    while (!side_by_side->check(done)) train_step();
   }
 
   nlohmann::json row = {{"rank", rank},

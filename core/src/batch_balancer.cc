@@ -105,8 +105,8 @@ std::vector<int64_t> BatchBalancer::split(int64_t global_batch, const std::vecto
   int64_t sum = 0;
   std::vector<size_t> order;
   for (size_t i = 0; i < n; ++i) {
-    batches[i] = clamped[i] ? floor_batch
-                            : std::max(floor_batch, static_cast<int64_t>(std::floor(ideal[i])));
+    // Unclamped: ideal >= floor_batch, an integer, so its floor is too.
+    batches[i] = clamped[i] ? floor_batch : static_cast<int64_t>(std::floor(ideal[i]));
     sum += batches[i];
     if (!clamped[i]) order.push_back(i);
   }
@@ -200,12 +200,10 @@ bool BatchBalancer::record(double compute_seconds) {
   }
   if (compute_seconds > 0) step_rates_.push_back(static_cast<double>(batch()) / compute_seconds);
   if (++calls_since_ < options_.interval) return false;
-  const std::vector<int64_t> before = batches_;
-  rebalance();
-  return batches_ != before;
+  return rebalance();
 }
 
-void BatchBalancer::rebalance() {
+bool BatchBalancer::rebalance() {
   // This rank's median rate over the interval (0 = nothing measured).
   std::vector<double> wire(static_cast<size_t>(size_), 0.0);
   if (!step_rates_.empty()) {
@@ -225,10 +223,12 @@ void BatchBalancer::rebalance() {
       split(options_.global_batch, rates_, options_.min_fraction, options_.granularity);
   const double now = predicted_seconds(batches_, rates_);
   const double then = predicted_seconds(candidate, rates_);
-  if (now > 0 && then > 0 && then < (1 - options_.min_gain) * now) set_batches(std::move(candidate));
+  const bool move = now > 0 && then > 0 && then < (1 - options_.min_gain) * now;
+  if (move) set_batches(std::move(candidate));
   calls_since_ = 0;
   step_rates_.clear();
   ++rebalances_;
+  return move;
 }
 
 }  // namespace kolo

@@ -135,7 +135,7 @@ class BatchBalancer {
 
  private:
   void set_batches(std::vector<int64_t> batches);
-  void rebalance();
+  bool rebalance();  // true when the split moved
 
   BatchBalancerOptions options_;
   Engine* engine_ = nullptr;
