@@ -125,6 +125,10 @@ int main(int argc, char** argv) {
   scaling_sub->add_option("--config-timeout", scaling.config_timeout_s,
                           "seconds before a configuration's workers are killed")
       ->check(CLI::PositiveNumber);
+  scaling_sub->add_option("--bucket-bytes", scaling.bucket_bytes,
+                          "kolo systems: DistributedOptimizerOptions::bucket_bytes (default: "
+                          "kolo's, 25 MiB; 0 = each gradient alone, the moment it is ready)")
+      ->check(CLI::NonNegativeNumber);
   scaling_sub->add_flag("--json", scaling.json, "one JSON object per row instead of the table");
   scaling_sub->add_option("--docs", scaling.docs_path,
                           "rewrite the scaling section of this markdown file");
@@ -233,6 +237,7 @@ int main(int argc, char** argv) {
       scaling_worker.synthetic = scaling.synthetic;
       scaling_worker.data_dir = scaling.data_dir;
       scaling_worker.sync_timeout_s = scaling.config_timeout_s;
+      scaling_worker.bucket_bytes = scaling.bucket_bytes;
       return kolo::bench::run_scaling_worker(scaling_worker);
     }
 #endif

@@ -270,6 +270,8 @@ class Driver {
       c.argv.insert(c.argv.end(), worker_args.begin(), worker_args.end());
       c.argv.insert(c.argv.end(), {"--system", "kolo"});
       if (config.system == "kolo_balanced") c.argv.push_back("--balance");
+      if (options_.bucket_bytes >= 0)
+        c.argv.insert(c.argv.end(), {"--bucket-bytes", std::to_string(options_.bucket_bytes)});
       commands.push_back(c);
     } else if (config.system == "pytorch_ddp") {
       const std::string port = std::to_string(free_port());

@@ -27,6 +27,7 @@
 //                      bench/ddp_baseline.py; only when python3 can import torch
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,8 @@ struct ScalingOptions {
   int threads = 1;         // per worker (libtorch_2threads uses 2)
   int cnn_batch = 64;      // per-worker batch of the CNN (Adam)
   int mlp_batch = 16;      // per-worker batch of the MLP (SGD)
+  // kolo systems: DistributedOptimizerOptions::bucket_bytes; < 0 = kolo's default.
+  int64_t bucket_bytes = -1;
   bool synthetic = false;  // random data of Fashion-MNIST's shape instead of the files
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int config_timeout_s = 900;  // a configuration running longer is killed and reported
@@ -70,6 +73,7 @@ struct ScalingWorkerOptions {
   std::string data_dir;
   std::string store_path;  // c10d_gloo: FileStore path shared by the ranks
   bool balance = false;    // kolo: kolo::BatchBalancer splits the global batch
+  int64_t bucket_bytes = -1;  // kolo: DistributedOptimizerOptions::bucket_bytes; < 0 = default
   // local with WORLD_SIZE > 1 (independent): a directory the workers share
   // (a kolo file store) to start timing together and to keep training until
   // all are done; waiting for the others to start ends after sync_timeout_s

@@ -110,8 +110,10 @@ int run_scaling_worker(const ScalingWorkerOptions& options) {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
   if (use_kolo) {
     kolo::broadcast_parameters(*trainee.module, /*root=*/0);
+    kolo::DistributedOptimizerOptions distributed;
+    if (options.bucket_bytes >= 0) distributed.bucket_bytes = options.bucket_bytes;
     kolo_optimizer = std::make_unique<kolo::DistributedOptimizer>(
-        *trainee.optimizer, trainee.module->named_parameters());
+        *trainee.optimizer, trainee.module->named_parameters(), distributed);
   } else if (use_c10d) {
     // Today's C++ recipe (pytorch/examples#809): a Gloo process group, rank
     // 0's weights broadcast, then every gradient allreduced after backward().

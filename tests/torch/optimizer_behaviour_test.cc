@@ -1,5 +1,5 @@
 // DistributedOptimizer behaviour: allreduces start inside backward() (last
-// layer first), parameters without a gradient on some rank, frozen
+// layer first, in buckets), parameters without a gradient on some rank, frozen
 // parameters, synchronize() before step(), process sets, and the errors.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -52,47 +52,73 @@ struct Deep : torch::nn::Module {
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
 };
 
-TEST_F(OptimizerBehaviour, AllreducesStartInsideBackwardLastLayerFirst) {
+// How many gradients are with the engine when fc1.weight's tensor hook runs
+// (just before its gradient is accumulated, at the very end of backward()),
+// per step, for the given bucket size. Also checks that when backward()
+// returns every gradient has been submitted, none by step(), and that the
+// ranks stay identical.
+std::vector<int64_t> submitted_before_first_layer(int64_t bucket_bytes) {
   constexpr int n = 2;
+  constexpr int kSteps = 3;
   torch::manual_seed(1);
   Deep initial;
   const torch::Tensor x = torch::randn({n * 4, 8});
   const torch::Tensor y = torch::randint(0, 4, {n * 4}, torch::kLong);
   std::vector<std::shared_ptr<Deep>> models = {clone_of(initial), clone_of(initial)};
+  std::vector<std::vector<int64_t>> counts(n);
   EngineWorld world("threads", n);
   ot::run_ranks(n, [&](int rank) {
     auto engine = world.engine(rank);
     Deep& model = *models[rank];
     torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(0.1));
-    DistributedOptimizer optimizer(sgd, model.named_parameters(), with_engine(*engine));
-    for (int step = 0; step < 3; ++step) {
-      // fc1.weight's tensor hook runs before its gradient is accumulated: at
-      // the very end of backward(). By then the later layers' allreduces
-      // must already be with the engine, i.e. communication overlaps the
-      // rest of backward().
-      std::atomic<int64_t> submitted_before_fc1{-1};
+    DistributedOptimizerOptions options = with_engine(*engine);
+    options.bucket_bytes = bucket_bytes;
+    DistributedOptimizer optimizer(sgd, model.named_parameters(), options);
+    for (int step = 0; step < kSteps; ++step) {
+      std::atomic<int64_t> before_fc1{-1};
       const uint64_t before = optimizer.stats().hook_submissions;
       auto hook = model.fc1->weight.register_hook([&](const torch::Tensor& grad) {
-        submitted_before_fc1 = static_cast<int64_t>(optimizer.stats().hook_submissions - before);
+        before_fc1 = static_cast<int64_t>(optimizer.stats().hook_submissions - before);
         return grad;
       });
       optimizer.zero_grad();
       torch::Tensor loss = torch::nn::functional::cross_entropy(
           model.forward(x.slice(0, rank * 4, rank * 4 + 4)), y.slice(0, rank * 4, rank * 4 + 4));
       loss.backward();
-      // When backward() returns, every gradient has been submitted, none
-      // by step().
       EXPECT_EQ(optimizer.stats().hook_submissions - before, 6u);
       optimizer.step();
       model.fc1->weight.remove_hook(hook);
-      // fc3 (weight, bias) and fc2 (weight, bias) at least; fc1.bias may
-      // come before or after fc1.weight.
-      EXPECT_GE(submitted_before_fc1.load(), 4) << "step " << step;
+      counts[rank].push_back(before_fc1.load());
     }
     EXPECT_EQ(optimizer.stats().step_submissions, 0u);
     ot::finish(*engine);
   });
   ot::expect_params_close(*models[0], *models[1], 0, 0, "rank 1 vs rank 0");
+  std::vector<int64_t> all = counts[0];
+  all.insert(all.end(), counts[1].begin(), counts[1].end());
+  return all;
+}
+
+TEST_F(OptimizerBehaviour, UnbucketedAllreducesStartInsideBackwardLastLayerFirst) {
+  // bucket_bytes = 0: each gradient goes the moment it is ready, so fc3
+  // (weight, bias) and fc2 (weight, bias) at least are with the engine before
+  // fc1.weight exists; fc1.bias may come before or after it.
+  for (int64_t count : submitted_before_first_layer(0)) EXPECT_GE(count, 4);
+}
+
+TEST_F(OptimizerBehaviour, BucketsGoWhenFullOrWithTheLastGradient) {
+  // Gradient bytes: fc3 16 + 512, fc2 128 + 4096, fc1 128 + 1024. A 1 KiB
+  // bucket fills with fc2.weight, so it and the gradients before it (3 or 4,
+  // as fc2.bias comes before or after fc2.weight) go before fc1.weight
+  // exists; the rest close with the last gradient.
+  for (int64_t count : submitted_before_first_layer(1024)) {
+    EXPECT_GE(count, 3);
+    EXPECT_LE(count, 4);
+  }
+  // The default 25 MiB never fills: all six go together with the last one.
+  for (int64_t count : submitted_before_first_layer(DistributedOptimizerOptions{}.bucket_bytes)) {
+    EXPECT_EQ(count, 0);
+  }
 }
 
 // A model with a branch that rank 1 never takes.
@@ -144,7 +170,12 @@ TEST_F(OptimizerBehaviour, ParameterUnusedOnOneRankIsSentAsZerosAndStaysConsiste
     auto engine = world.engine(rank);
     Branchy& model = *models[rank];
     torch::optim::Adam adam(model.parameters(), torch::optim::AdamOptions(1e-2));
-    DistributedOptimizer optimizer(adam, model.named_parameters(), with_engine(*engine));
+    // Unbucketed, so that the hooks that do fire submit at once (with
+    // buckets, rank 1's open bucket would wait for the branch and go from
+    // step(); the outcome is the same).
+    DistributedOptimizerOptions options = with_engine(*engine);
+    options.bucket_bytes = 0;
+    DistributedOptimizer optimizer(adam, model.named_parameters(), options);
     for (int s = 0; s < kSteps; ++s) {
       optimizer.zero_grad();
       loss_of(model, s, rank).backward();
@@ -334,6 +365,9 @@ TEST_F(OptimizerBehaviour, InvalidOptionsAreContractErrors) {
   o = with_engine(*engine);
   o.gradient_predivide_factor = 0;
   expect_error(o, "gradient_predivide_factor is 0");
+  o = with_engine(*engine);
+  o.bucket_bytes = -1;
+  expect_error(o, "bucket_bytes is -1");
   // A parameter of the optimizer that named_parameters does not name.
   auto named = model.named_parameters();
   std::vector<std::pair<std::string, torch::Tensor>> partial = {{named[0].key(), named[0].value()}};

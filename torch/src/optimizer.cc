@@ -64,6 +64,7 @@ struct DistributedOptimizer::State {
 
     int passes = 0;          // backward passes that produced this gradient since the last sync
     bool submitted = false;  // its allreduce is running (or finished, not yet waited for)
+    int64_t bytes = 0;       // the gradient's size as sent (numel x element size)
     TensorHandle handle;
     torch::Tensor buffer;       // compressed or contiguous staging copy, reused across steps
     torch::Tensor staged_from;  // the .grad() the buffer was filled from (copied back)
@@ -77,6 +78,11 @@ struct DistributedOptimizer::State {
   std::vector<Slot> slots;
   bool synchronized = false;  // synchronize() ran and no gradient arrived since
   Stats stats;
+  // The open bucket: gradients complete for this step (k-th pass done), in
+  // the order they became ready, not yet submitted; and their bytes.
+  std::vector<size_t> bucket;
+  int64_t open_bytes = 0;
+  size_t ready = 0;  // slots whose gradient is complete for this step
 
   // Pre-accumulate: a gradient that arrives while its allreduce is running
   // would be added into the buffer the engine is writing. Refuse it before
@@ -84,10 +90,10 @@ struct DistributedOptimizer::State {
   void before_accumulate(size_t index) {
     std::lock_guard<std::mutex> lock(mutex);
     const Slot& slot = slots[index];
-    if (slot.submitted) {
+    if (slot.passes >= options.backward_passes_per_step) {
       throw ContractError(
           std::string(kOp) + ": the gradient of '" + slot.name +
-          "' was computed again while its allreduce was running: more than "
+          "' was computed again after its allreduce was started or queued: more than "
           "backward_passes_per_step (" +
           std::to_string(options.backward_passes_per_step) +
           ") backward passes before step(). Call step() (or synchronize()) after every " +
@@ -102,8 +108,16 @@ struct DistributedOptimizer::State {
     synchronized = false;
     Slot& slot = slots[index];
     if (++slot.passes < options.backward_passes_per_step) return;
+    ++ready;
+    bucket.push_back(index);
+    open_bytes += slot.bytes;
+    // Submit the bucket once it holds bucket_bytes, or when this was the
+    // step's last gradient (nothing is left for backward() to overlap with).
+    if (open_bytes < options.bucket_bytes && ready < slots.size()) return;
     torch::NoGradGuard no_grad;
-    submit(slot, /*from_hook=*/true);
+    for (size_t i : bucket) submit(slots[i], /*from_hook=*/true);
+    bucket.clear();
+    open_bytes = 0;
   }
 
   // Starts the allreduce of slot.param's gradient. Caller holds the mutex.
@@ -162,6 +176,9 @@ struct DistributedOptimizer::State {
       slot.submitted = false;
       slot.passes = 0;
     }
+    bucket.clear();
+    open_bytes = 0;
+    ready = 0;
     if (error) std::rethrow_exception(error);
     synchronized = true;
     ++stats.steps;
@@ -212,6 +229,10 @@ std::string check_options(const DistributedOptimizerOptions& o) {
   } else if (!(o.gradient_predivide_factor > 0) || !std::isfinite(o.gradient_predivide_factor)) {
     error << "options.gradient_predivide_factor is " << o.gradient_predivide_factor
           << "; it must be a finite number > 0";
+  } else if (o.bucket_bytes < 0) {
+    error << "options.bucket_bytes is " << o.bucket_bytes
+          << "; it must be at least 0 (0 = start each gradient's allreduce the moment it is "
+             "ready)";
   } else if (o.gradient_predivide_factor != 1.0 && o.op != ReduceOp::kAverage) {
     error << "options.gradient_predivide_factor is " << o.gradient_predivide_factor << " with op "
           << reduce_op_name(o.op) << "; a predivide factor other than 1 needs ReduceOp::kAverage";
@@ -351,6 +372,9 @@ DistributedOptimizer::DistributedOptimizer(
     slot.name = options.name_prefix + name;
     slot.param = p;
     slot.accumulator = torch::autograd::impl::grad_accumulator(p);
+    const bool floating = p.scalar_type() == torch::kFloat || p.scalar_type() == torch::kDouble;
+    const bool compress = options.compression != Compression::kNone && floating;
+    slot.bytes = p.numel() * (compress ? 2 : static_cast<int64_t>(p.element_size()));
     state.slots.push_back(std::move(slot));
   }
   std::weak_ptr<State> weak = state_;
@@ -407,6 +431,9 @@ void DistributedOptimizer::zero_grad() {
       }
     }
     for (State::Slot& slot : state_->slots) slot.passes = 0;
+    state_->bucket.clear();
+    state_->open_bytes = 0;
+    state_->ready = 0;
     state_->synchronized = false;
   }
   optimizer_.zero_grad();

@@ -5,16 +5,33 @@
 //   kolo::DistributedOptimizer optimizer(adam, model->named_parameters());
 //   ...
 //   optimizer.zero_grad();
-//   loss.backward();    // each gradient's allreduce starts as soon as it is ready
+//   loss.backward();    // gradients' allreduces start as buckets of them are ready
 //   optimizer.step();   // waits for them, then steps `adam`
 //
 // Overlap. The constructor registers a post-accumulate hook on every
 // parameter's gradient accumulator. backward() produces gradients from the
-// last layer to the first; the moment a parameter's .grad() is written, its
-// allreduce is handed to the engine (request "grad/<name>"), which negotiates,
-// fuses and reduces on its own thread while backward() goes on computing the
-// earlier layers' gradients. step() waits for every allreduce, writes the
-// results into .grad() and then steps the wrapped optimizer.
+// last layer to the first; once a parameter's .grad() is written, its
+// allreduce is handed to the engine (request "grad/<name>", in buckets, see
+// below), which negotiates, fuses and reduces on its own thread while
+// backward() goes on computing the earlier layers' gradients. step() waits
+// for every allreduce, writes the results into .grad() and then steps the
+// wrapped optimizer.
+//
+// Buckets. A hook does not hand its gradient to the engine alone: it adds it
+// to an open bucket, which is submitted once it holds bucket_bytes (default
+// 25 MiB, as DDP's bucket_cap_mb) or when the step's last gradient arrives
+// (the backward pass is then over; nothing is left to overlap). A model whose
+// gradients add up to less than bucket_bytes is thus reduced in one fused
+// allreduce at the end of backward(); a large one overlaps bucket by bucket.
+// Why: overlap only pays where the communication has spare CPU or a network
+// to run on. On hosts where every core runs compute (kolorun's default: the
+// cores divided among the local workers) a gradient reduced during backward
+// takes CPU from it, and its allreduce is cut into many peer
+// synchronisations, each one a wake-up and a context switch on a busy core.
+// Measured on 2 workers x 1 thread on 2 cores (docs/benchmarks.md): the seed
+// CNN (4.8 MB of gradients) trains faster with one bucket at the end than
+// with each gradient alone, and a 20M-parameter MLP (80 MB) is faster with
+// its 64 MB layer overlapped than with everything at the end.
 //
 // Every step, every rank submits the same set of gradients: all parameters of
 // the wrapped optimizer that require a gradient when the DistributedOptimizer
@@ -37,12 +54,12 @@
 //
 // Local accumulation. With backward_passes_per_step = k, gradients accumulate
 // locally in .grad() over k backward passes (as without kolo) and a
-// parameter's allreduce starts in its k-th pass; the result is divided by k
-// (Horovod's average_aggregated_gradients), so k passes over batches of B
+// parameter's gradient joins a bucket in its k-th pass; the result is divided
+// by k (Horovod's average_aggregated_gradients), so k passes over batches of B
 // followed by step() equal one step on a batch of k * B when each pass's loss
-// is a mean over its batch. A gradient computed once more after its allreduce
-// started is a ContractError from backward(); step() after fewer than k
-// passes submits what has accumulated (still divided by k).
+// is a mean over its batch. A gradient computed once more after its k-th pass
+// (its allreduce started or queued) is a ContractError from backward(); step()
+// after fewer than k passes submits what has accumulated (still divided by k).
 //
 // Scaling. op = kAverage: prescale 1 / (f * k), postscale f, and the engine
 // divides by the number of ranks, where f = gradient_predivide_factor
@@ -98,6 +115,12 @@ struct DistributedOptimizerOptions {
   ReduceOp op = ReduceOp::kAverage;  // kAverage or kSum
   Compression compression = Compression::kNone;
   int backward_passes_per_step = 1;        // k >= 1
+  // Gradients go to the engine in buckets of at least this many bytes (as
+  // sent, i.e. after compression), in the order backward() makes them ready;
+  // the step's last gradient closes the last bucket. 0 = each gradient the
+  // moment it is ready. 25 MiB is DDP's bucket_cap_mb default; see "Buckets"
+  // above for why it is ours too.
+  int64_t bucket_bytes = 25 * 1024 * 1024;
   double gradient_predivide_factor = 1.0;  // f > 0; != 1 only with kAverage
   int process_set = 0;                     // 0 = all ranks
   Engine* engine = nullptr;                // nullptr = kolo::runtime().engine()
