@@ -355,7 +355,7 @@ int run(const Flags& flags) {
         (loss * balancer->gradient_weight()).backward();
         balancer->record(seconds_since(step_start));
       } else {
-        loss.backward();  // gradients' allreduces start here, last layer first
+        loss.backward();  // gradients' allreduces start here, in buckets (one, for this model)
       }
       optimizer.step();  // waits for the averaged gradients, then steps Adam
 

@@ -27,6 +27,13 @@ c10::ScalarType compressed_type(Compression compression) {
   return compression == Compression::kFp16 ? torch::kHalf : torch::kBFloat16;
 }
 
+// Whether a gradient of this dtype is sent compressed: float32 and float64
+// are, under kFp16 / kBf16; other dtypes go as they are.
+bool compresses(Compression compression, c10::ScalarType type) {
+  const bool floating = type == torch::kFloat || type == torch::kDouble;
+  return compression != Compression::kNone && floating;
+}
+
 }  // namespace
 
 Compression parse_compression(const std::string& name) {
@@ -84,6 +91,13 @@ struct DistributedOptimizer::State {
   int64_t open_bytes = 0;
   size_t ready = 0;  // slots whose gradient is complete for this step
 
+  // A new step: no gradient is complete and the bucket is empty.
+  void forget_ready() {
+    bucket.clear();
+    open_bytes = 0;
+    ready = 0;
+  }
+
   // Pre-accumulate: a gradient that arrives while its allreduce is running
   // would be added into the buffer the engine is writing. Refuse it before
   // AccumulateGrad touches .grad().
@@ -129,9 +143,7 @@ struct DistributedOptimizer::State {
       ++stats.zero_filled;
     }
     torch::Tensor target = grad;
-    const bool floating =
-        grad.scalar_type() == torch::kFloat || grad.scalar_type() == torch::kDouble;
-    const bool compress = options.compression != Compression::kNone && floating;
+    const bool compress = compresses(options.compression, grad.scalar_type());
     if (compress || !grad.is_contiguous()) {
       const c10::ScalarType type =
           compress ? compressed_type(options.compression) : grad.scalar_type();
@@ -176,9 +188,7 @@ struct DistributedOptimizer::State {
       slot.submitted = false;
       slot.passes = 0;
     }
-    bucket.clear();
-    open_bytes = 0;
-    ready = 0;
+    forget_ready();
     if (error) std::rethrow_exception(error);
     synchronized = true;
     ++stats.steps;
@@ -372,9 +382,9 @@ DistributedOptimizer::DistributedOptimizer(
     slot.name = options.name_prefix + name;
     slot.param = p;
     slot.accumulator = torch::autograd::impl::grad_accumulator(p);
-    const bool floating = p.scalar_type() == torch::kFloat || p.scalar_type() == torch::kDouble;
-    const bool compress = options.compression != Compression::kNone && floating;
-    slot.bytes = p.numel() * (compress ? 2 : static_cast<int64_t>(p.element_size()));
+    slot.bytes = p.numel() * (compresses(options.compression, p.scalar_type())
+                                  ? int64_t{2}  // fp16 and bf16
+                                  : static_cast<int64_t>(p.element_size()));
     state.slots.push_back(std::move(slot));
   }
   std::weak_ptr<State> weak = state_;
@@ -431,9 +441,7 @@ void DistributedOptimizer::zero_grad() {
       }
     }
     for (State::Slot& slot : state_->slots) slot.passes = 0;
-    state_->bucket.clear();
-    state_->open_bytes = 0;
-    state_->ready = 0;
+    state_->forget_ready();
     state_->synchronized = false;
   }
   optimizer_.zero_grad();
