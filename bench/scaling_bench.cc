@@ -20,9 +20,11 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "bench_report.h"
 #include "kolo/core/errors.h"
@@ -387,9 +389,26 @@ int run_scaling_bench(const ScalingOptions& options) {
   const std::vector<Config> configs = driver.configs(&notes);
   std::vector<Measurement> measurements(configs.size());
   // Interleaved: every configuration once per pass, so a slow spell of the
-  // shared machine hits all systems alike.
+  // shared machine hits all systems alike. Within a pass the configurations
+  // that the targets compare run next to each other (grouped by model and
+  // worker count: kolo x2 beside independent x2, kolo x1 beside libtorch),
+  // because this machine's speed drifts over the minutes a pass takes; and
+  // every other pass runs in reverse, so no system always follows the same
+  // neighbour (a 4-worker run, a Python start-up) or always goes first.
+  // The table keeps configs' order.
+  std::vector<size_t> run_order(configs.size());
+  std::iota(run_order.begin(), run_order.end(), size_t{0});
+  std::stable_sort(run_order.begin(), run_order.end(), [&](size_t a, size_t b) {
+    auto position = [&](const std::string& model) {
+      return std::find(options.models.begin(), options.models.end(), model) -
+             options.models.begin();
+    };
+    return std::make_pair(position(configs[a].model), configs[a].workers) <
+           std::make_pair(position(configs[b].model), configs[b].workers);
+  });
   for (int repeat = 0; repeat < options.repeats; ++repeat) {
-    for (size_t i = 0; i < configs.size(); ++i) {
+    for (size_t k = 0; k < run_order.size(); ++k) {
+      const size_t i = run_order[repeat % 2 ? run_order.size() - 1 - k : k];
       if (!measurements[i].error.empty()) continue;
       std::cerr << "kolo-bench scaling: pass " << repeat + 1 << "/" << options.repeats << ": "
                 << configs[i].model << " " << configs[i].system << " x" << configs[i].workers

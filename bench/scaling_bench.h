@@ -8,7 +8,9 @@
 // for --warmup-steps untimed then --steps timed steps and prints one JSON
 // object on stdout; the driver sums the ranks' images/sec. Configurations are
 // interleaved and the whole list is repeated --repeats times (the median
-// counts), because timings on a shared 2-core machine swing by +-30%.
+// counts), because timings on a shared 2-core machine swing by +-30%. Within
+// a pass, configurations of the same model and worker count run back to back
+// (the ratios the targets compare), and every other pass runs in reverse.
 //
 // Systems (each worker computes with --threads threads, 1 by default):
 //   kolo               N workers under kolorun, kolo::DistributedOptimizer, equal
