@@ -389,8 +389,12 @@ void reduce_inputs(void* out, const void* const* inputs, int n, size_t count, DT
     throw ContractError("kolo reduce_inputs: divisor must be >= 1, got " + std::to_string(divisor));
   }
   check_op(options.op);
-  run(Call{out, inputs, n, count, options.op, !is_unscaled(options), options.prescale,
-           options.postscale, divisor},
+  // One input averaged over one rank, unscaled, is that input: copied, or
+  // nothing at all in place, instead of a multiply by 1 over every element.
+  const bool identity = n == 1 && divisor == 1 && options.prescale == 1.0 &&
+                        options.postscale == 1.0;
+  run(Call{out, inputs, n, count, options.op, !identity && !is_unscaled(options),
+           options.prescale, options.postscale, divisor},
       dtype);
 }
 

@@ -288,6 +288,54 @@ TEST(ShmCommunicator, WorldOfOneNeedsNoStore) {
   EXPECT_TRUE(my_segments().empty());
 }
 
+// Alone, allreduce goes straight from the input to the output (no slot): the
+// result is the input scaled, in place and not, in every scheme's size range
+// and for the dtypes DistributedOptimizer sends; bad arguments still throw.
+TEST(ShmCommunicator, WorldOfOneAllreduceIsTheScaledInput) {
+  CommunicatorOptions options;
+  options.shm_chunk_bytes = 4096;
+  options.shm_spin_us = 0;
+  auto comm = make_communicator("shm", options);
+  for (size_t count : {size_t{0}, size_t{3}, size_t{50000}}) {  // 50000 f32 > a 4 KiB slot
+    std::vector<float> in(count);
+    for (size_t i = 0; i < count; ++i) in[i] = 0.1f * static_cast<float>(i) - 7.3f;
+    const std::vector<float> original = in;
+    AllreduceOptions average;
+    average.op = ReduceOp::kAverage;
+    comm->allreduce(in.data(), in.data(), count, DType::kF32, average);  // in place: unchanged
+    EXPECT_EQ(0, std::memcmp(in.data(), original.data(), count * sizeof(float)));
+    std::vector<float> out(count, -1.0f);
+    comm->allreduce(in.data(), out.data(), count, DType::kF32, average);  // a copy
+    EXPECT_EQ(0, std::memcmp(out.data(), original.data(), count * sizeof(float)));
+    AllreduceOptions scaled;
+    scaled.prescale = 2.0;
+    scaled.postscale = 3.0;
+    comm->allreduce(in.data(), out.data(), count, DType::kF32, scaled);
+    for (size_t i = 0; i < count; ++i) ASSERT_FLOAT_EQ(out[i], 6.0f * original[i]) << i;
+  }
+  std::vector<int32_t> ints = {-5, 0, 7, 2147483647};
+  AllreduceOptions average;
+  average.op = ReduceOp::kAverage;
+  comm->allreduce(ints.data(), ints.data(), ints.size(), DType::kI32, average);
+  EXPECT_EQ(ints, (std::vector<int32_t>{-5, 0, 7, 2147483647}));
+  std::vector<uint16_t> halves = {0x3c00, 0xc000, 0x7bff};  // 1, -2, 65504 in fp16
+  std::vector<uint16_t> half_out(3);
+  comm->allreduce(halves.data(), half_out.data(), 3, DType::kF16, average);
+  EXPECT_EQ(half_out, halves);
+  std::vector<float> data(10, 1.0f);
+  try {
+    comm->allreduce(nullptr, data.data(), 10, DType::kF32, {});
+    ADD_FAILURE() << "expected ContractError";
+  } catch (const ContractError& error) {
+    EXPECT_NE(std::string(error.what()).find("in is null"), std::string::npos) << error.what();
+  }
+  // Still in step: other collectives alone work after the fast path.
+  float one = 1;
+  comm->allreduce(&one, &one, 1, DType::kF32, {});
+  comm->broadcast(&one, 1, DType::kF32, {});
+  EXPECT_EQ(one, 1.0f);
+}
+
 TEST(ShmCommunicator, BadChunkSizeIsContractError) {
   CommunicatorOptions options;
   options.shm_chunk_bytes = 100;

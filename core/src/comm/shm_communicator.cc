@@ -745,6 +745,17 @@ void ShmCommunicator::allreduce_vector(const AllreduceSegment* segments, size_t 
     // After a local error this rank moves no data (an empty vector) but still
     // takes part in the first step, which reports the error on every rank.
     const bool ok = call.local_error.empty();
+    if (ok && size_ == 1) {
+      // Alone: the reduction is this rank's input, scaled. Straight from the
+      // input into the output (nothing at all in place and unscaled), not
+      // through the slot: at one worker DistributedOptimizer's bucket of the
+      // seed CNN (4.8 MB) otherwise costs two copies, 0.43 ms of a 51 ms step.
+      for (size_t i = 0; i < n; ++i) {
+        inputs_[0] = segments[i].in;
+        reduce_inputs(segments[i].out, inputs_.data(), 1, segments[i].count, dtype, options, 1);
+      }
+      return;
+    }
     const AllreduceSegment none{};
     const SegmentedVector v(ok ? segments : &none, ok ? n : 1, ok ? dtype_size(dtype) : 1,
                             segment_starts_);
