@@ -338,6 +338,55 @@ TEST_F(OptimizerBehaviour, ZeroGradWhileAllreducesRunIsAnError) {
   ot::finish(*engine);
 }
 
+// With the default bucket, a rank that skipped a branch has submitted nothing
+// when backward() returns: its gradients wait in the open bucket for the
+// branch's. zero_grad() is refused there too, as it is on a rank whose bucket
+// went (above), so the outcome does not depend on the bucket size or on which
+// parameters a rank used. Between the passes of a local accumulation it is
+// allowed and restarts the accumulation.
+TEST_F(OptimizerBehaviour, ZeroGradWithAGradientQueuedInABucketIsAnError) {
+  EngineWorld world("threads", 1);
+  auto engine = world.engine(0);
+  torch::manual_seed(4);
+  Branchy model;
+  torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(0.1));
+  DistributedOptimizer optimizer(sgd, model.named_parameters(), with_engine(*engine));
+  const torch::Tensor x = torch::randn({4, 8});
+  const torch::Tensor y = torch::randint(0, 4, {4}, torch::kLong);
+  torch::nn::functional::cross_entropy(model.forward(x, /*take_branch=*/false), y).backward();
+  EXPECT_EQ(optimizer.stats().hook_submissions, 0u);  // trunk's two gradients are queued
+  try {
+    optimizer.zero_grad();
+    ADD_FAILURE() << "zero_grad() with a queued gradient did not throw";
+  } catch (const ContractError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("zero_grad"));
+    EXPECT_THAT(e.what(), HasSubstr("grad/trunk."));
+    EXPECT_THAT(e.what(), HasSubstr("queued in a bucket"));
+    EXPECT_THAT(e.what(), HasSubstr("call step() or synchronize() first"));
+  }
+  // The queued gradients were kept: step() reduces them with the branch's zeros.
+  const torch::Tensor trunk_grad = model.trunk->weight.grad().clone();
+  optimizer.step();
+  EXPECT_EQ(optimizer.stats().steps, 1u);
+  EXPECT_TRUE(torch::equal(model.trunk->weight.grad(), trunk_grad));
+  optimizer.zero_grad();
+
+  // Mid-accumulation (1 of 2 passes) nothing is queued: zero_grad() restarts it.
+  Branchy accumulating;
+  torch::optim::SGD sgd2(accumulating.parameters(), torch::optim::SGDOptions(0.1));
+  DistributedOptimizerOptions options = with_engine(*engine);
+  options.backward_passes_per_step = 2;
+  options.name_prefix = "accumulating/";
+  DistributedOptimizer twice(sgd2, accumulating.named_parameters(), options);
+  torch::nn::functional::cross_entropy(accumulating.forward(x, true), y).backward();
+  twice.zero_grad();
+  for (int pass = 0; pass < 2; ++pass)
+    torch::nn::functional::cross_entropy(accumulating.forward(x, true), y).backward();
+  twice.step();
+  EXPECT_EQ(twice.stats().steps, 1u);
+  ot::finish(*engine);
+}
+
 TEST_F(OptimizerBehaviour, InvalidOptionsAreContractErrors) {
   EngineWorld world("threads", 1);
   auto engine = world.engine(0);

@@ -440,6 +440,18 @@ void DistributedOptimizer::zero_grad() {
                             "first");
       }
     }
+    // A gradient completed for this step but still queued in the open bucket
+    // (a parameter unused on this rank keeps the bucket open until step()).
+    // Refused like a running allreduce: whether a gradient has left its
+    // bucket depends on bucket_bytes and on which parameters this rank used,
+    // so allowing it would make zero_grad() fail on some ranks and not others.
+    if (!state_->bucket.empty()) {
+      throw ContractError(std::string(kOp) +
+                          "::zero_grad: called after backward() completed the gradient of '" +
+                          state_->slots[state_->bucket.front()].name +
+                          "' (queued in a bucket for its allreduce) but before step() or "
+                          "synchronize(); call step() or synchronize() first");
+    }
     for (State::Slot& slot : state_->slots) slot.passes = 0;
     state_->forget_ready();
     state_->synchronized = false;

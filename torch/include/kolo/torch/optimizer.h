@@ -170,7 +170,10 @@ class DistributedOptimizer {
   void synchronize();
   // The wrapped optimizer's zero_grad(), and local accumulation restarts.
   // ContractError if allreduces started by backward() have not been waited
-  // for by step() or synchronize() (they still write into the gradients).
+  // for by step() or synchronize() (they still write into the gradients), or
+  // if a gradient of this step waits in a bucket (the same on every rank,
+  // whatever bucket_bytes is). Between the passes of a local accumulation
+  // (fewer than backward_passes_per_step) it is allowed and restarts it.
   void zero_grad();
 
   torch::optim::Optimizer& optimizer() { return optimizer_; }
