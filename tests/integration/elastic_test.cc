@@ -16,10 +16,12 @@
 #include <sstream>
 
 #include "kolorun_harness.h"
+#include "temp_dir.h"
 
 namespace kolo::kolorun_test {
 namespace {
 
+using kolo::testing::TempDir;
 using std::chrono::seconds;
 
 constexpr int kEpochs = 4;
@@ -27,12 +29,6 @@ constexpr int kSamples = 96;
 constexpr int kBatch = 12;
 constexpr int kCommitEvery = 3;
 constexpr int kStepsPerEpoch = kSamples / kBatch;
-
-std::string make_temp_dir() {
-  char path[] = "/tmp/kolo-elastic-XXXXXX";
-  EXPECT_NE(mkdtemp(path), nullptr);
-  return path;
-}
 
 // A discovery script printing the contents of `hosts_file`.
 std::string discovery_script(const std::string& dir, const std::string& hosts_file) {
@@ -120,7 +116,8 @@ std::map<int, Journal> read_journals(const std::string& dir) {
 // (the worker's data path does not depend on the world size).
 const std::vector<double>& reference_w() {
   static const std::vector<double> w = [] {
-    const std::string dir = make_temp_dir();
+    const TempDir temp("kolo-elastic");
+    const std::string& dir = temp.path();
     RunResult r = run_kolorun(concat({"-np", "2"}, worker_args(dir, 0)), seconds(60));
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return final_w(r.out);
@@ -184,7 +181,8 @@ bool contains(const std::string& text, const std::string& part) {
 }
 
 TEST(Elastic, KillOneOfThreeWorkersTrainingCompletes) {
-  const std::string dir = make_temp_dir();
+  const TempDir temp("kolo-elastic");
+  const std::string& dir = temp.path();
   // Worker 2 SIGKILLs itself before global step 10 (epoch 1, mid-epoch); the
   // long cooldown keeps its slot empty, so the world goes on with 2.
   RunResult r = run_kolorun(concat({"-np", "3", "--min-np", "2", "--cooldown", "60"},
@@ -215,7 +213,8 @@ TEST(Elastic, KillOneOfThreeWorkersTrainingCompletes) {
 // the store give up at once instead of after --timeout (600 s here, far
 // beyond --job-timeout); the next round finishes the training.
 TEST(Elastic, AMemberLostBeforeItsInitDoesNotStallTheOthers) {
-  const std::string dir = make_temp_dir();
+  const TempDir temp("kolo-elastic");
+  const std::string& dir = temp.path();
   // Worker 1 dies at step 5: round 2 is ids 0,2,3; worker 2 dies on joining it.
   RunResult r =
       run_kolorun(concat({"-np", "4", "--min-np", "2", "--cooldown", "60", "--timeout", "600",
@@ -239,7 +238,8 @@ TEST(Elastic, AMemberLostBeforeItsInitDoesNotStallTheOthers) {
 }
 
 TEST(Elastic, AWorkerOfferedByDiscoveryJoinsAtACommit) {
-  const std::string dir = make_temp_dir();
+  const TempDir temp("kolo-elastic");
+  const std::string& dir = temp.path();
   const std::string hosts = dir + "/hosts";
   std::ofstream(hosts) << "localhost:2\n";
   // Rank 0 offers a third slot before global step 6.
@@ -268,7 +268,8 @@ TEST(Elastic, AWorkerOfferedByDiscoveryJoinsAtACommit) {
 }
 
 TEST(Elastic, TooFewSurvivorsStopTheJobWithAClearError) {
-  const std::string dir = make_temp_dir();
+  const TempDir temp("kolo-elastic");
+  const std::string& dir = temp.path();
   RunResult r = run_kolorun(concat({"-np", "2", "--min-np", "2", "--cooldown", "60",
                                     "--elastic-timeout", "1", "--grace", "1"},
                                    concat(worker_args(dir), {"--kill", "1@5"})),
@@ -287,7 +288,8 @@ TEST(Elastic, TooFewSurvivorsStopTheJobWithAClearError) {
 }
 
 TEST(Elastic, MaxRestartsIsHonoured) {
-  const std::string dir = make_temp_dir();
+  const TempDir temp("kolo-elastic");
+  const std::string& dir = temp.path();
   RunResult r = run_kolorun(concat({"-np", "3", "--min-np", "1", "--max-restarts", "1",
                                     "--cooldown", "60", "--grace", "1"},
                                    concat(worker_args(dir), {"--kill", "1@4", "--kill", "2@12"})),
@@ -304,7 +306,8 @@ TEST(Elastic, MaxRestartsIsHonoured) {
 }
 
 TEST(Elastic, AHostWhoseWorkersKeepFailingIsSetAsideWithAGrowingCooldown) {
-  const std::string dir = make_temp_dir();
+  const TempDir temp("kolo-elastic");
+  const std::string& dir = temp.path();
   const std::string hosts = dir + "/hosts";
   std::ofstream(hosts) << "127.0.0.1:2\n127.0.0.2:1\n";
   RunResult r = run_kolorun(
@@ -323,7 +326,8 @@ TEST(Elastic, AHostWhoseWorkersKeepFailingIsSetAsideWithAGrowingCooldown) {
 }
 
 TEST(Elastic, AConnectionWithoutTheSecretIsRejectedAndTrainingIsUnaffected) {
-  const std::string dir = make_temp_dir();
+  const TempDir temp("kolo-elastic");
+  const std::string& dir = temp.path();
   RunResult r = run_kolorun(
       concat({"-np", "2", "--min-np", "2"}, concat(worker_args(dir), {"--rogue-at", "5"})),
       seconds(60));

@@ -23,6 +23,7 @@
 #include "kolo/core/communicator.h"
 #include "kolo/core/errors.h"
 #include "kolo/core/store.h"
+#include "temp_dir.h"
 
 #if KOLO_HAVE_GLOO
 
@@ -31,6 +32,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using kolo::testing::TempDir;
 
 constexpr int kMaxRanks = 8;
 constexpr size_t kMessageBytes = 1024;
@@ -45,23 +47,6 @@ struct RankOutcome {
   int exit_code = -1;  // -1 when killed by a signal
   int signal = 0;
   std::string result;  // what the rank wrote into SharedState::result
-};
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "kolo_gloo_fault_XXXXXX").string();
-    path_ = mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
 };
 
 // Forks `size` ranks running `body(rank, state)`; the body returns "" on
@@ -151,7 +136,7 @@ bool names_rank(const RuntimeFault& fault, int rank) {
 }
 
 TEST(GlooFaultTest, SurvivorsOfAKilledPeerGetRuntimeFaultNamingIt) {
-  TempDir dir;
+  TempDir dir("kolo-gloo-fault");
   constexpr int kSize = 3;
   constexpr int kVictim = 2;
   constexpr milliseconds kTimeout{10000};
@@ -209,7 +194,7 @@ TEST(GlooFaultTest, SurvivorsOfAKilledPeerGetRuntimeFaultNamingIt) {
 // A rank that stops calling: the others time out (TimeoutError naming it) and
 // the late rank, when it finally calls, finds the communicator failed.
 TEST(GlooFaultTest, PeerThatStopsCallingCausesTimeoutError) {
-  TempDir dir;
+  TempDir dir("kolo-gloo-fault");
   constexpr int kSize = 3;
   constexpr int kLate = 1;
   constexpr milliseconds kTimeout{1500};
@@ -254,7 +239,7 @@ TEST(GlooFaultTest, PeerThatStopsCallingCausesTimeoutError) {
 // Different count, then different dtype on one rank: every rank gets the same
 // ContractError, and the communicator stays usable afterwards.
 TEST(GlooFaultTest, MismatchedArgumentsGiveContractErrorOnEveryRank) {
-  TempDir dir;
+  TempDir dir("kolo-gloo-fault");
   constexpr int kSize = 3;
   auto outcomes = run_ranks(
       kSize,

@@ -23,12 +23,14 @@
 #include "kolo/core/communicator.h"
 #include "kolo/core/errors.h"
 #include "kolo/core/store.h"
+#include "temp_dir.h"
 
 namespace kolo {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using kolo::testing::TempDir;
 
 // Exit codes of the children.
 constexpr int kExitOk = 0;
@@ -42,19 +44,6 @@ struct Child {
   std::string report;  // everything the child wrote
   int status = -1;     // waitpid status once reaped
   bool reaped = false;
-};
-
-class TempDir {
- public:
-  TempDir() {
-    char pattern[] = "/tmp/kolo-shm-fault-XXXXXX";
-    path_ = mkdtemp(pattern);
-  }
-  ~TempDir() { std::system(("rm -rf '" + path_ + "'").c_str()); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
 };
 
 // What a child runs: (rank, communicator, report) -> exit code. `report`
@@ -203,7 +192,7 @@ int collective_series(int rank, Communicator& comm,
 }
 
 void kill_peer_test(int size, int victim) {
-  TempDir dir;
+  TempDir dir("kolo-shm-fault");
   WorldSpec spec;
   spec.size = size;
   spec.store_dir = dir.path();
@@ -260,7 +249,7 @@ TEST(ShmFault, KilledPeerWithMoreRanksThanCores) { kill_peer_test(4, 1); }
 // Every rank must get the same ContractError; afterwards the communicator works.
 void mismatch_test(const std::function<void(int, Communicator&)>& call,
                    const std::string& expected) {
-  TempDir dir;
+  TempDir dir("kolo-shm-fault");
   WorldSpec spec;
   spec.size = 3;
   spec.store_dir = dir.path();
@@ -303,7 +292,7 @@ TEST(ShmFault, DtypeMismatchIsContractErrorOnEveryRank) {
 }
 
 TEST(ShmFault, MoreRanksThanCoresComplete) {
-  TempDir dir;
+  TempDir dir("kolo-shm-fault");
   WorldSpec spec;
   spec.size = 4;
   spec.store_dir = dir.path();

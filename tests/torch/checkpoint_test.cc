@@ -21,6 +21,7 @@
 #include "kolo/torch/sampler.h"
 #include "test_net.h"
 #include "torch_harness.h"
+#include "temp_dir.h"
 
 namespace kolo {
 namespace {
@@ -29,21 +30,7 @@ using testing::kTorchTimeout;
 using testing::run_with_engines;
 
 using testing::error_of;
-
-// A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    char pattern[] = "/tmp/kolo-ckpt-test-XXXXXX";
-    path_ = ::mkdtemp(pattern);
-  }
-  ~TempDir() { std::system(("rm -rf '" + path_ + "'").c_str()); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using kolo::testing::TempDir;
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -84,7 +71,7 @@ TEST(Crc32, KnownVectorsAndTheBitwiseDefinition) {
 }
 
 TEST(CheckpointFile, RoundTripLeavesNoTemporaryFile) {
-  TempDir dir;
+  TempDir dir("kolo-ckpt-test");
   const std::string path = dir.file("model.ckpt");
   std::string payload(100000, '\0');
   for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 7);
@@ -98,7 +85,7 @@ TEST(CheckpointFile, RoundTripLeavesNoTemporaryFile) {
 }
 
 TEST(CheckpointFile, EveryKindOfDamageIsRejectedWithTheFileNamed) {
-  TempDir dir;
+  TempDir dir("kolo-ckpt-test");
   const std::string path = dir.file("c.ckpt");
   write_checkpoint_file(path, std::string(5000, 'x'));
   const std::string good = read_file(path);
@@ -203,7 +190,7 @@ class CheckpointCollective : public ::testing::TestWithParam<int> {};
 
 TEST_P(CheckpointCollective, SaveOnRootLoadEverywhere) {
   const int n = GetParam();
-  TempDir dir;
+  TempDir dir("kolo-ckpt-test");
   const std::string path = dir.file("run.ckpt");
   std::vector<Net> saved(n);
   run_with_engines(n, [&](int rank, Engine& engine) {
@@ -233,7 +220,7 @@ TEST_P(CheckpointCollective, SaveOnRootLoadEverywhere) {
 
 TEST_P(CheckpointCollective, DamagedOrMissingFileIsTheSameErrorOnEveryRank) {
   const int n = GetParam();
-  TempDir dir;
+  TempDir dir("kolo-ckpt-test");
   const std::string path = dir.file("bad.ckpt");
   {
     Net net;
@@ -352,7 +339,7 @@ class TinyTraining {
 
 TEST_P(CheckpointCollective, ResumeMidEpochReproducesTheUninterruptedLosses) {
   const int n = GetParam();
-  TempDir dir;
+  TempDir dir("kolo-ckpt-test");
   const std::string path = dir.file("resume.ckpt");
   run_with_engines(n, [&](int rank, Engine& engine) {
     CheckpointOptions o;
@@ -390,7 +377,7 @@ TEST_P(CheckpointCollective, ResumeMidEpochReproducesTheUninterruptedLosses) {
 }
 
 TEST(CheckpointCollective, RestoresTheGeneratorAtWorldSizeOne) {
-  TempDir dir;
+  TempDir dir("kolo-ckpt-test");
   const std::string path = dir.file("rng.ckpt");
   run_with_engines(1, [&](int, Engine& engine) {
     CheckpointOptions o;

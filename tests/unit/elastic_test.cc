@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "elastic_hosts.h"
+#include "temp_dir.h"
 
 namespace kolo {
 namespace {
@@ -49,9 +50,8 @@ TEST(ElasticMembership, MalformedRoundsAreFaults) {
 }
 
 TEST(ElasticState, CommitRestoreAndFile) {
-  char dir[] = "/tmp/kolo-state-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string path = std::string(dir) + "/commit.bin";
+  const testing::TempDir dir("kolo-state");
+  const std::string path = dir.file("commit.bin");
   double w[3] = {1, 2, 3};
   int64_t seen = 5;
   elastic::BufferState state(elastic::State::Options{path});
@@ -160,9 +160,8 @@ TEST(ElasticHosts, DiscoveryOutputIsParsedStrictly) {
 }
 
 TEST(ElasticHosts, DiscoveryScriptRunsAndItsFailuresAreNamed) {
-  char dir[] = "/tmp/kolo-discovery-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string good = std::string(dir) + "/good.sh", bad = std::string(dir) + "/bad.sh";
+  const testing::TempDir dir("kolo-discovery");
+  const std::string good = dir.file("good.sh"), bad = dir.file("bad.sh");
   std::ofstream(good) << "#!/bin/sh\necho a:2\necho b\n";
   std::ofstream(bad) << "#!/bin/sh\necho 'no hosts today' >&2\nexit 3\n";
   chmod(good.c_str(), 0755);

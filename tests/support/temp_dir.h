@@ -1,0 +1,27 @@
+// A fresh directory under /tmp for one test, removed with everything in it
+// when the object goes out of scope (tests that kill workers or fail an
+// assertion still clean up).
+#pragma once
+
+#include <string>
+
+namespace kolo::testing {
+
+class TempDir {
+ public:
+  // Creates /tmp/<prefix>-XXXXXX. Throws std::runtime_error naming the path
+  // and errno's message when mkdtemp fails.
+  explicit TempDir(const std::string& prefix);
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  // path() + "/" + name
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace kolo::testing
