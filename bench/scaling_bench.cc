@@ -414,6 +414,12 @@ int run_scaling_bench(const ScalingOptions& options) {
                 << configs[i].model << " " << configs[i].system << " x" << configs[i].workers
                 << "\n";
       driver.measure_once(configs[i], &measurements[i], repeat);
+      // Each pass's figure, so that a run's spread (and which neighbour a
+      // slow figure followed) can be read from the log; the table has medians.
+      if (measurements[i].error.empty() && !measurements[i].images_per_sec.empty())
+        std::cerr << "kolo-bench scaling:   " << configs[i].model << " " << configs[i].system
+                  << " x" << configs[i].workers << ": "
+                  << format_fixed(measurements[i].images_per_sec.back(), 1) << " images/sec\n";
     }
   }
 
