@@ -852,25 +852,27 @@ class GlooCommunicator : public Communicator {
       if (monitor_->has_departed(suspect)) {
         cause.text += ", which had destroyed its communicator (it did not make this call)";
       }
-    } else if (auto relayed = read_report(suspect)) {
-      // The peer gave up first and closed its connections; blame what it blamed.
-      cause = *relayed;
-      if (cause.ranks.empty()) cause.ranks = {suspect};
-      cause.text += " (reported by rank " + std::to_string(suspect) + ")";
     } else {
       const std::string monitored = monitor_->detail();
       const std::string detail = without_location(monitored.empty() ? error.detail : monitored);
       cause.text = "lost rank " + std::to_string(suspect) + " (" + detail + ")";
+      // This rank's own view goes out before it waits for the suspect's: gloo
+      // can break this rank's other connections as soon as one fails, and a
+      // survivor that sees that must find this view, not blame this rank
+      // (both waiting kReportWait for each other's report raced).
+      publish_report(cause);
+      if (auto relayed = read_report(suspect)) {
+        // The peer gave up first; blame what it blamed.
+        cause = *relayed;
+        if (cause.ranks.empty()) cause.ranks = {suspect};
+        cause.text += " (reported by rank " + std::to_string(suspect) + ")";
+      }
     }
     message += cause.text;
     message += "; the communicator is unusable, rebuild it from the surviving ranks";
 
     // Report first, then close: a peer that sees the close finds the report.
-    try {
-      store_->set(prefix_ + "fault/" + std::to_string(rank_), to_bytes(cause.encode()));
-    } catch (const std::exception&) {
-      // Best effort: without the report peers blame this rank instead.
-    }
+    publish_report(cause);
     try {
       context_->closeConnections();
     } catch (const std::exception&) {
@@ -882,6 +884,16 @@ class GlooCommunicator : public Communicator {
     throw RuntimeFault(message, cause.ranks);
   }
 
+  // Best effort: without the report peers blame this rank instead.
+  void publish_report(const FaultReport& report) {
+    try {
+      store_->set(prefix_ + "fault/" + std::to_string(rank_), to_bytes(report.encode()));
+    } catch (const std::exception&) {
+    }
+  }
+
+  // `peer`'s report, waiting up to kReportWait. A report that blames this
+  // rank is not taken (this rank is alive: the peer saw its connections go).
   std::optional<FaultReport> read_report(int peer) {
     if (peer < 0) return std::nullopt;
     const std::string key = prefix_ + "fault/" + std::to_string(peer);
@@ -889,7 +901,11 @@ class GlooCommunicator : public Communicator {
     try {
       while (true) {
         if (store_->check({key})) {
-          return FaultReport::decode(to_string(store_->get(key, kReportWait)));
+          auto report = FaultReport::decode(to_string(store_->get(key, kReportWait)));
+          if (!report || std::find(report->ranks.begin(), report->ranks.end(), rank_) ==
+                             report->ranks.end()) {
+            return report;
+          }
         }
         if (Clock::now() >= until) return std::nullopt;
         std::this_thread::sleep_for(milliseconds(5));
