@@ -1,13 +1,11 @@
-// The elastic driver (elastic_driver.h): one poll() loop over the signalfd and
-// the workers' pipes, woken every kTick to read the rendezvous store's join
-// requests. The store keys are described in core/src/elastic/rendezvous.cc.
+// The elastic driver (elastic_driver.h): the worker pool's loop (output,
+// signals, exits: worker_pool.h), woken every kTick to read the rendezvous
+// store's join requests. The store keys are described in
+// core/src/elastic/rendezvous.cc.
 #include "elastic_driver.h"
 
-#include <poll.h>
 #include <signal.h>
-#include <sys/signalfd.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -36,9 +34,6 @@ constexpr std::chrono::seconds kDyingGrace{2};
 constexpr auto kTick = std::chrono::milliseconds(10);
 // Longest a discovery script may run.
 constexpr auto kDiscoveryTimeout = std::chrono::seconds(10);
-constexpr size_t kReadChunkBytes = 64 * 1024;
-// After the last worker exits, how long pipes held by stray descendants are read.
-constexpr auto kDrainAfterExit = std::chrono::seconds(2);
 
 Clock::duration seconds_of(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
@@ -75,7 +70,7 @@ struct ElasticDriver::Impl {
     int64_t id = 0;
     std::string host;
     bool local = true;
-    SpawnedProcess process;
+    pid_t pid = -1;
     Phase phase = Phase::kStarting;
     bool member_when_exited = false;
     int status = 0;
@@ -87,6 +82,7 @@ struct ElasticDriver::Impl {
   const LaunchOptions& options;
   OutputRouter& output;
   std::shared_ptr<Store> store;
+  WorkerPool pool;
 
   int min_np = 1;
   int max_np = 1;  // 0 = as many as the hosts offer
@@ -110,15 +106,17 @@ struct ElasticDriver::Impl {
   bool stopping = false;
   int exit_code = 0;
   std::string report;
-  std::optional<Clock::time_point> kill_deadline;
-  std::optional<Clock::time_point> drain_deadline;
 
   Impl(ElasticSetup s, OutputRouter& out, std::shared_ptr<Store> st)
       : setup(std::move(s)),
         options(*setup.options),
         output(out),
         store(std::move(st)),
+        pool(WorkerPoolOptions{setup.options->grace_seconds, setup.signal_fd}, out),
         cooldown(setup.options->cooldown_seconds) {
+    pool.set_exit_callback(
+        [this](const PoolWorker& p) { on_exit(workers[static_cast<size_t>(p.id)], p.status); });
+    pool.set_signal_callback([this](int sig) { on_signal(sig); });
     min_np = options.min_np.value_or(options.np.value_or(1));
     max_np = options.max_np.value_or(options.np.value_or(0));
     hosts = setup.hosts;
@@ -149,8 +147,8 @@ struct ElasticDriver::Impl {
     return n;
   }
   std::string describe(const Worker& w) const {
-    return "worker " + std::to_string(w.id) + " (pid " + std::to_string(w.process.pid) + " on " +
-           w.host + ")";
+    return "worker " + std::to_string(w.id) + " (pid " + std::to_string(w.pid) + " on " + w.host +
+           ")";
   }
 
   // ---- starting workers ----
@@ -207,8 +205,9 @@ struct ElasticDriver::Impl {
                                           process_parent_env(), setup.working_dir);
     output.grow(static_cast<int>(w.id) + 1);
     if (options.verbose) log("starting worker " + std::to_string(w.id) + " on " + host);
+    SpawnedProcess process;
     try {
-      w.process = spawn_process(request);
+      process = spawn_process(request);
     } catch (const std::system_error& e) {
       w.phase = Phase::kExited;
       workers.push_back(w);
@@ -217,7 +216,9 @@ struct ElasticDriver::Impl {
           "; host " + host + " set aside for " + format_seconds(s) + " s");
       return;
     }
+    w.pid = process.pid;
     workers.push_back(w);
+    pool.add(static_cast<int>(w.id), host, !w.local, process);
   }
 
   // Starts workers on free slots of available hosts, up to max_np alive.
@@ -324,7 +325,7 @@ struct ElasticDriver::Impl {
   bool member_dying() const {
     for (int64_t id : members) {
       const Worker& w = workers[static_cast<size_t>(id)];
-      if (alive(w) && w.local && !kolo::detail::process_alive(w.process.pid, 0)) return true;
+      if (alive(w) && w.local && !kolo::detail::process_alive(w.pid, 0)) return true;
     }
     return false;
   }
@@ -418,10 +419,6 @@ struct ElasticDriver::Impl {
     w.phase = Phase::kExited;
     w.member_when_exited = was_member;
     w.status = status;
-    if (w.process.stdin_fd >= 0) {
-      close(w.process.stdin_fd);
-      w.process.stdin_fd = -1;
-    }
     if (stopping) return;
     const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     if (finishing) {
@@ -467,23 +464,6 @@ struct ElasticDriver::Impl {
     return 1;
   }
 
-  void reap() {
-    for (;;) {
-      siginfo_t info{};
-      if (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) return;
-      const pid_t pid = info.si_pid;
-      Worker* worker = nullptr;
-      for (auto& w : workers) {
-        if (w.process.pid == pid && alive(w)) worker = &w;
-      }
-      // A worker's leftovers in its group go with it (spawn.h).
-      int status = 0;
-      if (reap_group_leader(pid, worker != nullptr, &status) && worker != nullptr) {
-        on_exit(*worker, status);
-      }
-    }
-  }
-
   // ---- stopping ----
 
   void stop(int code, const std::string& why) {
@@ -491,125 +471,33 @@ struct ElasticDriver::Impl {
     stopping = true;
     exit_code = code;
     report = why;
-    kill_deadline = Clock::now() + seconds_of(options.grace_seconds);
     for (auto& w : workers) stop_worker(w, SIGTERM);
   }
 
+  // SIGTERM now, SIGKILL after --grace (worker_pool.h).
   void stop_worker(Worker& w, int signal_number) {
     if (!alive(w)) return;
-    if (!w.local) {
-      if (w.process.stdin_fd >= 0) {
-        close(w.process.stdin_fd);
-        w.process.stdin_fd = -1;
-      }
-    } else {
-      kill(-w.process.pid, signal_number);
-    }
+    pool.stop(static_cast<int>(w.id), signal_number);
     w.stop_sent = true;
   }
 
-  void handle_signals() {
-    signalfd_siginfo info;
-    while (read(setup.signal_fd, &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info))) {
-      const int sig = static_cast<int>(info.ssi_signo);
-      if (sig == SIGCHLD) continue;
-      if (stopping) {
-        for (auto& w : workers) {
-          if (alive(w)) kill(-w.process.pid, SIGKILL);
-        }
-        continue;
-      }
-      stop(128 + sig, "kolorun: received " + signal_name(sig) + "; stopped " +
-                          plural(live_count(), "running worker"));
+  void on_signal(int sig) {
+    if (stopping) {
+      pool.kill_all();  // a second signal: no more grace
+      return;
     }
+    stop(128 + sig, "kolorun: received " + signal_name(sig) + "; stopped " +
+                        plural(live_count(), "running worker"));
   }
-
-  // ---- output ----
-
-  void pump(Worker& w, Stream stream) {
-    int& fd = stream == Stream::kStdout ? w.process.stdout_fd : w.process.stderr_fd;
-    char buffer[kReadChunkBytes];
-    for (int reads = 0; fd >= 0 && reads < 16; ++reads) {
-      ssize_t n = read(fd, buffer, sizeof(buffer));
-      if (n > 0) {
-        output.feed(static_cast<int>(w.id), stream, buffer, static_cast<size_t>(n));
-      } else if (n < 0 && errno == EINTR) {
-        continue;
-      } else if (n < 0 && errno == EAGAIN) {
-        return;
-      } else {
-        close_output(w, stream);
-      }
-    }
-  }
-
-  void close_output(Worker& w, Stream stream) {
-    int& fd = stream == Stream::kStdout ? w.process.stdout_fd : w.process.stderr_fd;
-    if (fd < 0) return;
-    close(fd);
-    fd = -1;
-    output.flush(static_cast<int>(w.id), stream);
-  }
-
-  bool any_output_open() const {
-    for (const auto& w : workers) {
-      if (w.process.stdout_fd >= 0 || w.process.stderr_fd >= 0) return true;
-    }
-    return false;
-  }
-
-  bool done() const { return (stopping || finishing) && live_count() == 0 && !any_output_open(); }
 
   void step() {
-    auto now = Clock::now();
-    Clock::duration wait = kTick;
     if (options.job_timeout_seconds && !stopping &&
-        now - start >= seconds_of(*options.job_timeout_seconds)) {
+        Clock::now() - start >= seconds_of(*options.job_timeout_seconds)) {
       stop(124, "kolorun: the job ran longer than --job-timeout " +
                     format_seconds(*options.job_timeout_seconds) + " s; stopped " +
                     plural(live_count(), "running worker"));
     }
-    if (kill_deadline && now >= *kill_deadline) {
-      for (auto& w : workers) {
-        if (alive(w)) kill(-w.process.pid, SIGKILL);
-      }
-      kill_deadline.reset();
-    }
-    if (live_count() == 0 && any_output_open()) {
-      if (!drain_deadline) drain_deadline = now + kDrainAfterExit;
-      if (now >= *drain_deadline) {
-        for (auto& w : workers) {
-          close_output(w, Stream::kStdout);
-          close_output(w, Stream::kStderr);
-        }
-        return;
-      }
-    }
-    std::vector<pollfd> fds;
-    std::vector<std::pair<size_t, Stream>> owners;
-    fds.push_back({setup.signal_fd, POLLIN, 0});
-    owners.emplace_back(0, Stream::kStdout);
-    for (size_t i = 0; i < workers.size(); ++i) {
-      const auto& p = workers[i].process;
-      if (p.stdout_fd >= 0) {
-        fds.push_back({p.stdout_fd, POLLIN, 0});
-        owners.emplace_back(i, Stream::kStdout);
-      }
-      if (p.stderr_fd >= 0) {
-        fds.push_back({p.stderr_fd, POLLIN, 0});
-        owners.emplace_back(i, Stream::kStderr);
-      }
-    }
-    const int timeout_ms =
-        static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(wait).count());
-    int ready = poll(fds.data(), fds.size(), timeout_ms);
-    if (ready > 0) {
-      if (fds[0].revents != 0) handle_signals();
-      for (size_t k = 1; k < fds.size(); ++k) {
-        if (fds[k].revents != 0) pump(workers[owners[k].first], owners[k].second);
-      }
-    }
-    reap();
+    pool.step(kTick);
   }
 
   Outcome run() {
@@ -621,13 +509,13 @@ struct ElasticDriver::Impl {
       }
     }
     fill_slots();
-    while (!done()) {
+    while (!((stopping || finishing) && live_count() == 0)) {
       step();
       if (!stopping) {
         discover();
         fill_slots();
         read_join_requests();
-        reap();
+        pool.step(Clock::duration::zero());  // exits that happened meanwhile
         decide();
       }
       if (!stopping && !finishing && round == 0 && live_count() == 0 &&
@@ -635,8 +523,8 @@ struct ElasticDriver::Impl {
         stop(1, "kolorun: elastic: no worker could be started within --elastic-timeout " +
                     format_seconds(options.elastic_timeout_seconds) + " s");
       }
-      if (stopping && live_count() == 0 && !any_output_open()) break;
     }
+    pool.finish();
     Outcome outcome;
     outcome.exit_code = exit_code;
     outcome.report = report;
@@ -647,17 +535,7 @@ struct ElasticDriver::Impl {
 ElasticDriver::ElasticDriver(ElasticSetup setup, OutputRouter& output, std::shared_ptr<Store> store)
     : impl_(std::make_unique<Impl>(std::move(setup), output, std::move(store))) {}
 
-ElasticDriver::~ElasticDriver() {
-  for (auto& w : impl_->workers) {
-    if (impl_->alive(w)) {
-      kill(-w.process.pid, SIGKILL);
-      waitpid(w.process.pid, nullptr, 0);
-    }
-    for (int fd : {w.process.stdout_fd, w.process.stderr_fd, w.process.stdin_fd}) {
-      if (fd >= 0) close(fd);
-    }
-  }
-}
+ElasticDriver::~ElasticDriver() = default;
 
 Outcome ElasticDriver::run() { return impl_->run(); }
 

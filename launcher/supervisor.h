@@ -1,4 +1,6 @@
-// Watching the workers: output pumping, signal forwarding, failure propagation.
+// kolorun's static mode: what happens when a worker fails or kolorun is
+// signalled. The mechanics (output, reaping, escalation) are the WorkerPool's
+// (worker_pool.h), shared with elastic mode.
 //
 // Contract: when any worker fails (non-zero exit or a signal), or kolorun gets
 // SIGINT/SIGTERM/SIGHUP, or --job-timeout passes, every other worker is sent
@@ -19,6 +21,7 @@
 
 #include "output.h"
 #include "spawn.h"
+#include "worker_pool.h"
 
 namespace kolo::launcher {
 
@@ -45,7 +48,6 @@ struct Outcome {
 class Supervisor {
  public:
   Supervisor(const SupervisorOptions& options, OutputRouter& output);
-  ~Supervisor();
   Supervisor(const Supervisor&) = delete;
   Supervisor& operator=(const Supervisor&) = delete;
 
@@ -64,34 +66,18 @@ class Supervisor {
 
  private:
   using Clock = std::chrono::steady_clock;
-  struct Worker {
-    WorkerProcess info;
-    bool exited = false;
-    int status = 0;
-    bool stop_sent = false;
-    bool killed = false;
-  };
   enum class Cause { kNone, kFailure, kSignal, kJobTimeout, kStartFailure };
 
-  void step(std::optional<Clock::duration> max_wait);
-  void handle_signals();
-  void reap();
-  void on_exit(Worker& worker, int status);
-  void pump(Worker& worker, Stream stream);
-  void close_output(Worker& worker, Stream stream);
+  void on_exit(const PoolWorker& worker);
+  void on_signal(int signal_number);
   void begin_stop(int signal_number);
-  void stop_worker(Worker& worker, int signal_number);
-  void kill_all();
-  void reap_strays();
-  bool all_exited() const;
-  bool any_output_open() const;
-  int running_count() const;
+  std::optional<Clock::duration> until_job_timeout();
   Outcome outcome() const;
   std::string describe_failure() const;
 
   SupervisorOptions options_;
   OutputRouter& output_;
-  std::vector<Worker> workers_;
+  WorkerPool pool_;
   Clock::time_point start_;
   bool stopping_ = false;
   Cause cause_ = Cause::kNone;
@@ -99,9 +85,6 @@ class Supervisor {
   int cause_signal_ = 0;     // kSignal
   std::string start_error_;  // kStartFailure
   int workers_at_stop_ = 0;  // running workers when the stop began
-  int killed_count_ = 0;     // workers that needed SIGKILL
-  std::optional<Clock::time_point> kill_deadline_;
-  std::optional<Clock::time_point> drain_deadline_;
 };
 
 // "exited with code 3" / "killed by signal 9 (SIGKILL)" for a wait status.

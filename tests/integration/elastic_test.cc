@@ -325,6 +325,24 @@ TEST(Elastic, AHostWhoseWorkersKeepFailingIsSetAsideWithAGrowingCooldown) {
   expect_matches_reference(r);
 }
 
+// kolorun escalates in elastic mode too: worker 2 ignores SIGTERM, stops
+// itself and never joins; round 1 forms with the other two after
+// --elastic-timeout, they finish, and kolorun SIGKILLs worker 2 after --grace
+// instead of waiting for it forever.
+TEST(Elastic, AStuckWorkerOutsideTheWorldIsKilledAfterTheGraceWhenTrainingEnds) {
+  const TempDir temp("kolo-elastic");
+  const std::string& dir = temp.path();
+  RunResult r =
+      run_kolorun(concat({"-np", "3", "--min-np", "2", "--elastic-timeout", "2", "--grace", "1"},
+                         concat(worker_args(dir, 0), {"--stuck-before-join", "2"})),
+                  seconds(60));
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "round 1: 2 workers (ids 0,1)")) << r.err;
+  expect_matches_reference(r);
+  expect_all_gone(read_journals(dir));
+}
+
 TEST(Elastic, AConnectionWithoutTheSecretIsRejectedAndTrainingIsUnaffected) {
   const TempDir temp("kolo-elastic");
   const std::string& dir = temp.path();

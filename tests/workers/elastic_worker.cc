@@ -19,7 +19,12 @@
 // discovery script can cat it), --rogue-at STEP (rank 0 tries to write the
 // rendezvous without the job's secret and prints what happened), --die-on-join
 // ID@ROUND (worker ID SIGKILLs itself right after joining ROUND, before its init:
-// a member that dies between a round's publication and its communicators).
+// a member that dies between a round's publication and its communicators),
+// --stuck-before-join ID (worker ID ignores SIGTERM, stops itself with SIGSTOP
+// and, once continued, blocks forever in pause(): it never joins), --stop-at
+// ID@STEP (worker ID stops itself with SIGSTOP before global step STEP: a
+// frozen member), --hang-at ID@STEP (worker ID blocks forever in pause()
+// before global step STEP: a member stuck in a system call).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -58,7 +63,12 @@ struct Args {
   int grow_step = -1;
   int rogue_step = -1;
   std::vector<std::pair<long, int64_t>> die_on_join;  // worker id, round
+  std::vector<long> stuck_before_join;                // worker ids
+  std::vector<std::pair<long, int>> stops;            // worker id, global step
+  std::vector<std::pair<long, int>> hangs;            // worker id, global step
 };
+
+std::pair<long, int> id_at_step(const std::string& flag, const std::string& value);
 
 [[noreturn]] void usage(const std::string& what) {
   std::fprintf(stderr, "elastic_worker: %s\n", what.c_str());
@@ -84,9 +94,7 @@ Args parse(int argc, char** argv) {
     } else if (flag == "--journal") {
       a.journal = value;
     } else if (flag == "--kill") {
-      size_t at = value.find('@');
-      if (at == std::string::npos) usage("--kill ID@STEP");
-      a.kills.emplace_back(std::stol(value.substr(0, at)), std::stoi(value.substr(at + 1)));
+      a.kills.push_back(id_at_step(flag, value));
     } else if (flag == "--fail-on-host") {
       a.fail_on_host = value;
     } else if (flag == "--grow") {
@@ -99,6 +107,12 @@ Args parse(int argc, char** argv) {
       size_t at = value.find('@');
       if (at == std::string::npos) usage("--die-on-join ID@ROUND");
       a.die_on_join.emplace_back(std::stol(value.substr(0, at)), std::stoll(value.substr(at + 1)));
+    } else if (flag == "--stuck-before-join") {
+      a.stuck_before_join.push_back(std::stol(value));
+    } else if (flag == "--stop-at") {
+      a.stops.push_back(id_at_step(flag, value));
+    } else if (flag == "--hang-at") {
+      a.hangs.push_back(id_at_step(flag, value));
     } else if (flag == "--rogue-at") {
       a.rogue_step = std::stoi(value);
     } else {
@@ -108,6 +122,12 @@ Args parse(int argc, char** argv) {
   if (a.batch % 12 != 0 && a.batch % 6 != 0) usage("--batch must be divisible by 1, 2 and 3");
   if (a.samples % a.batch != 0) usage("--samples must be a multiple of --batch");
   return a;
+}
+
+std::pair<long, int> id_at_step(const std::string& flag, const std::string& value) {
+  const size_t at = value.find('@');
+  if (at == std::string::npos) usage(flag + " ID@STEP");
+  return {std::stol(value.substr(0, at)), std::stoi(value.substr(at + 1))};
 }
 
 double feature(int sample, int j) { return std::sin(sample * (j + 1) * 0.37 + j); }
@@ -187,6 +207,12 @@ int main(int argc, char** argv) {
   std::ofstream journal(args.journal + "/worker" + std::to_string(worker_id) + ".log",
                         std::ios::app);
   journal << "pid " << getpid() << std::endl;
+  for (long id : args.stuck_before_join) {
+    if (id != worker_id) continue;
+    signal(SIGTERM, SIG_IGN);
+    raise(SIGSTOP);
+    for (;;) pause();
+  }
 
   std::vector<double> w(kDim, 0.0);
   kolo::elastic::BufferState state;
@@ -214,6 +240,14 @@ int main(int argc, char** argv) {
               const int64_t global = state.epoch * steps_per_epoch + state.batch;
               for (const auto& [id, step] : args.kills) {
                 if (id == worker_id && step == global) raise(SIGKILL);
+              }
+              for (const auto& [id, step] : args.stops) {
+                if (id == worker_id && step == global) raise(SIGSTOP);
+              }
+              for (const auto& [id, step] : args.hangs) {
+                if (id == worker_id && step == global) {
+                  for (;;) pause();
+                }
               }
               if (rank == 0 && global == args.grow_step) {
                 std::ofstream(args.grow_file) << args.grow_text << "\n";
