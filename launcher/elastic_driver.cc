@@ -12,6 +12,7 @@
 #include <cmath>
 #include <iostream>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <system_error>
 
@@ -26,9 +27,6 @@ namespace kolo::launcher {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// How long a re-form waits for a member that has died to be reaped.
-constexpr std::chrono::seconds kDyingGrace{2};
 
 // How often the store is asked for join requests while nothing else happens.
 constexpr auto kTick = std::chrono::milliseconds(10);
@@ -75,7 +73,19 @@ struct ElasticDriver::Impl {
     bool member_when_exited = false;
     int status = 0;
     bool stop_sent = false;
+    bool evicted = false;         // SIGKILLed for not rejoining a failed round
     std::vector<int64_t> rounds;  // the rounds it was published in, oldest first
+  };
+  // The current round after a member left it with a fault (a join request
+  // for a newer round, without dying): before the next round is formed, its
+  // live members are gathered, and those that do not come back are evicted
+  // (docs/elastic.md, "A member that stalls").
+  struct Gathering {
+    Clock::time_point since;
+    std::string reason;          // the first member's report
+    std::set<int64_t> rejoined;  // members that asked for a newer round
+    std::set<int64_t> suspects;  // members a rejoined member's fault named
+    int restarts_before = 0;
   };
 
   ElasticSetup setup;
@@ -98,8 +108,7 @@ struct ElasticDriver::Impl {
   bool finishing = false;
   Clock::time_point start;
   std::optional<Clock::time_point> short_since;
-  // Since when a re-form waits for a dying member to be reaped (see decide()).
-  std::optional<Clock::time_point> dying_since;
+  std::optional<Gathering> gathering;
   Clock::time_point next_discovery;
   bool discovery_failed_logged = false;
 
@@ -256,20 +265,33 @@ struct ElasticDriver::Impl {
       std::istringstream in(text);
       int64_t after = 0;
       in >> after;
-      std::string reason;
+      std::string reason, suspects;
       std::getline(in, reason);
       std::getline(in, reason);
+      std::getline(in, suspects);
       if (w.phase == Phase::kStarting) {
         w.phase = Phase::kWaiting;
         if (options.verbose) log(describe(w) + " is ready to join");
-      } else if (w.phase == Phase::kMember && after >= round) {
+      } else if (w.phase == Phase::kMember && after >= round && !w.evicted) {
         // A member of the current round left it without a death kolorun saw:
-        // a fault (a timeout, a lost connection). Re-form with the live workers.
-        if (!reform) {
-          reform = true;
-          reform_reason = describe(w) + " left round " + std::to_string(round) + ": " + reason;
-          mark_failed(w, reform_reason);
+        // a fault (a timeout, a lost connection, a stalled peer). Gather the
+        // round's live members before re-forming (decide()).
+        const std::string why =
+            describe(w) + " left round " + std::to_string(round) + ": " + reason;
+        if (!gathering) {
+          gathering = Gathering{Clock::now(), why, {}, {}, restarts};
+          if (options.verbose) log(why);
         }
+        gathering->rejoined.insert(w.id);
+        std::istringstream ids(suspects);
+        for (std::string id; std::getline(ids, id, ',');) {
+          try {
+            gathering->suspects.insert(std::stoll(id));
+          } catch (const std::exception&) {
+            // not a worker id: no suspect
+          }
+        }
+        mark_failed(w, why);
       }
     }
   }
@@ -317,17 +339,88 @@ struct ElasticDriver::Impl {
     reform = false;
     reform_reason.clear();
     short_since.reset();
-    dying_since.reset();
+    gathering.reset();
   }
 
-  // A local member whose process has died (a zombie, see process_alive) but
-  // that reap() has not reported yet.
-  bool member_dying() const {
+  // A local worker whose process has died (a zombie, see process_alive) but
+  // that the pool has not reaped yet.
+  bool dying(const Worker& w) const {
+    return alive(w) && w.local && !kolo::detail::process_alive(w.pid, 0);
+  }
+
+  // Members of the failed round that have neither rejoined nor been lost.
+  std::vector<int64_t> not_rejoined() const {
+    std::vector<int64_t> ids;
     for (int64_t id : members) {
       const Worker& w = workers[static_cast<size_t>(id)];
-      if (alive(w) && w.local && !kolo::detail::process_alive(w.pid, 0)) return true;
+      if (alive(w) && !w.evicted && gathering->rejoined.count(id) == 0) ids.push_back(id);
     }
-    return false;
+    return ids;
+  }
+
+  // Ends the gathering when every live member came back, or evicts those that
+  // did not: at once when each of them was named by a rejoined member's fault
+  // (and is not merely dying), otherwise once the workers' timeout has passed
+  // since the round failed. Returns true when the re-form may go ahead.
+  bool gathered(Clock::time_point now) {
+    const std::vector<int64_t> missing = not_rejoined();
+    if (!missing.empty()) {
+      bool all_suspected = true;
+      for (int64_t id : missing) {
+        const Worker& w = workers[static_cast<size_t>(id)];
+        all_suspected = all_suspected && gathering->suspects.count(id) != 0 && !dying(w);
+      }
+      const bool timed_out = now - gathering->since >= seconds_of(setup.eviction_timeout_seconds);
+      if (!all_suspected && !timed_out) return false;
+      for (int64_t id : missing) {
+        evict(workers[static_cast<size_t>(id)],
+              all_suspected ? "named by the others' fault"
+                            : "not back within " + format_seconds(setup.eviction_timeout_seconds) +
+                                  " s (the workers' timeout)");
+        if (stopping) return false;
+      }
+    }
+    if (restarts == gathering->restarts_before) {
+      // Everybody came back: a fault with no worker lost still re-forms the world.
+      ++restarts;
+      if (restarts > options.max_restarts) {
+        stop(1, "kolorun: elastic: " + gathering->reason + "; the world was already re-formed " +
+                    plural(options.max_restarts, "time") + " after failures (--max-restarts " +
+                    std::to_string(options.max_restarts) + ")");
+        return false;
+      }
+      log(gathering->reason + " (restart " + std::to_string(restarts) + " of " +
+          std::to_string(options.max_restarts) + "; every member came back)");
+    }
+    if (!reform) reform_reason = gathering->reason;
+    reform = true;
+    return true;
+  }
+
+  // SIGKILLs a member that did not come back to a failed round: it counts as
+  // a failed worker (a restart; its host is set aside), as a dead one does.
+  void evict(Worker& w, const std::string& why) {
+    w.evicted = true;
+    w.stop_sent = true;  // its exit is not a second failure
+    pool.kill(static_cast<int>(w.id));
+    ++restarts;
+    const double set_aside = cooldown.record_failure(w.host, Clock::now());
+    const std::string what = describe(w) + " did not take part in round " + std::to_string(round) +
+                             " after it failed (" + gathering->reason + "): " + why +
+                             "; evicted (SIGKILL)";
+    mark_failed(w, what);
+    if (restarts > options.max_restarts) {
+      stop(1, "kolorun: elastic: " + what + "; the world was already re-formed " +
+                  plural(options.max_restarts, "time") + " after failures (--max-restarts " +
+                  std::to_string(options.max_restarts) + ")");
+      return;
+    }
+    log(what + " (restart " + std::to_string(restarts) + " of " +
+        std::to_string(options.max_restarts) + "); host " + w.host + " set aside for " +
+        format_seconds(set_aside) + " s (failure " + std::to_string(cooldown.failures(w.host)) +
+        ")");
+    if (!reform) reform_reason = describe(w) + " evicted";
+    reform = true;
   }
 
   // The next round's members: live members in their rank order, then the
@@ -335,7 +428,8 @@ struct ElasticDriver::Impl {
   std::vector<int64_t> candidates() const {
     std::vector<int64_t> ids;
     for (int64_t id : members) {
-      if (alive(workers[static_cast<size_t>(id)])) ids.push_back(id);
+      const Worker& w = workers[static_cast<size_t>(id)];
+      if (alive(w) && !w.evicted) ids.push_back(id);
     }
     for (const auto& w : workers) {
       if (w.phase == Phase::kWaiting && std::find(ids.begin(), ids.end(), w.id) == ids.end()) {
@@ -379,17 +473,11 @@ struct ElasticDriver::Impl {
       }
       return;
     }
+    // A member reported a fault: wait for the others (a member that died and
+    // is still a zombie is reaped within milliseconds; one that stalls is
+    // evicted) rather than publish a round with a lost member in it.
+    if (gathering && !gathered(now)) return;
     if (!reform && !any_waiting()) return;
-    if (reform && member_dying()) {
-      // A survivor saw a member die (its collective failed) before kolorun
-      // could reap it: the process is a zombie whose other threads are still
-      // exiting, so waitid() does not report it yet. Re-forming now would
-      // publish a round with the dead member in it, and a second re-form would
-      // follow once it is reaped. Its exit arrives within milliseconds
-      // (SIGCHLD wakes the poll); bounded in case a thread hangs in exit.
-      if (!dying_since) dying_since = now;
-      if (now - *dying_since < kDyingGrace) return;
-    }
     const std::vector<int64_t> next = candidates();
     const bool grows = !reform && next.size() > members.size();
     if (!reform && !grows) return;  // waiting workers but no room (max_np)

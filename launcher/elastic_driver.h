@@ -10,6 +10,11 @@
 //   training   a round is published; the driver watches exits, join requests
 //              and (every --discovery-interval) the discovery script, and
 //              starts workers on free slots of hosts that are not cooling down.
+//   gathering  a member left the round with a fault (it did not die): the
+//              round's other live members are awaited; those that do not come
+//              back (a stalled worker) are evicted with SIGKILL, at once when
+//              the others' faults name them, else after the workers' timeout;
+//              each eviction is a failure (a restart, its host set aside).
 //   re-forming a member failed (or reported a fault): if at least --min-np
 //              workers are alive the next round is published at once (the
 //              survivors first, in their old rank order, then the newcomers);
@@ -53,6 +58,9 @@ struct ElasticSetup {
   int signal_fd = -1;
   std::vector<std::string> parent_environ;
   std::string working_dir;
+  // A member that does not come back to a failed round within this long is
+  // evicted: the workers' collective timeout (KOLO_TIMEOUT_SECONDS).
+  double eviction_timeout_seconds = 300;
 };
 
 // Checks the elastic options against each other and the host list; returns

@@ -190,11 +190,13 @@ int launch_elastic(const LaunchOptions& options) {
   setup.job.backend = options.backend;
   setup.job.timeout_seconds = options.timeout_seconds;
   setup.job.local_cores = usable_cores();
-  setup.job.extra = {{"KOLO_ELASTIC", "1"},
-                     {"KOLO_JOB_SECRET", secret},
-                     {"KOLO_ELASTIC_TIMEOUT_SECONDS",
-                      format_seconds(options.elastic_timeout_seconds + 60.0)}};
+  setup.job.extra = {
+      {"KOLO_ELASTIC", "1"},
+      {"KOLO_JOB_SECRET", secret},
+      {"KOLO_ELASTIC_TIMEOUT_SECONDS", format_seconds(options.elastic_timeout_seconds + 60.0)}};
   setup.signal_fd = signal_fd;
+  setup.eviction_timeout_seconds = options.timeout_seconds.value_or(
+      Config::load(process_env()).get_double("KOLO_TIMEOUT_SECONDS"));
   setup.parent_environ = current_environ();
   setup.working_dir = working_directory();
   if (options.verbose) {
@@ -203,8 +205,7 @@ int launch_elastic(const LaunchOptions& options) {
   }
   Outcome outcome;
   {
-    auto store =
-        connect_tcp_store("127.0.0.1", server->port(), std::chrono::seconds(10), secret);
+    auto store = connect_tcp_store("127.0.0.1", server->port(), std::chrono::seconds(10), secret);
     ElasticDriver driver(setup, *output, store);
     outcome = driver.run();
   }

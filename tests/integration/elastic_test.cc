@@ -343,6 +343,50 @@ TEST(Elastic, AStuckWorkerOutsideTheWorldIsKilledAfterTheGraceWhenTrainingEnds) 
   expect_all_gone(read_journals(dir));
 }
 
+// A frozen member (SIGSTOP): the others' collective times out (--timeout 2)
+// naming it; kolorun evicts it (SIGKILL), counts a restart, sets its host
+// aside and re-forms without it. Before, every timeout re-formed a round that
+// again included the stopped worker, forever.
+TEST(Elastic, AStoppedMemberIsEvictedAndTheWorldReformsWithoutIt) {
+  const TempDir temp("kolo-elastic");
+  const std::string& dir = temp.path();
+  RunResult r = run_kolorun(
+      concat({"-np", "3", "--min-np", "2", "--timeout", "2", "--cooldown", "60", "--grace", "1"},
+             concat(worker_args(dir), {"--stop-at", "2@10"})),
+      seconds(90));
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "did not take part in round 1 after it failed")) << r.err;
+  EXPECT_TRUE(contains(r.err, "evicted (SIGKILL) (restart 1 of 3); host localhost set aside"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "round 2: 2 workers (ids 0,1)")) << r.err;
+  EXPECT_FALSE(contains(r.err, "round 3")) << r.err;
+  expect_matches_reference(r);
+  auto journals = read_journals(dir);
+  expect_sample_accounting(journals, 1);
+  expect_all_gone(journals);
+}
+
+// A member stuck in a system call (pause()), with --max-restarts 0: its
+// eviction is a failure like a death, so the job stops and says why.
+TEST(Elastic, AnEvictionCountsAgainstMaxRestarts) {
+  const TempDir temp("kolo-elastic");
+  const std::string& dir = temp.path();
+  RunResult r = run_kolorun(
+      concat({"-np", "3", "--min-np", "2", "--timeout", "2", "--max-restarts", "0", "--grace", "1"},
+             concat(worker_args(dir), {"--hang-at", "1@10"})),
+      seconds(90));
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  const auto lines = r.err_lines();
+  ASSERT_FALSE(lines.empty());
+  EXPECT_TRUE(contains(lines.back(), "worker 1 (pid ")) << lines.back();
+  EXPECT_TRUE(contains(lines.back(), "evicted (SIGKILL)")) << lines.back();
+  EXPECT_TRUE(contains(lines.back(), "re-formed 0 times after failures (--max-restarts 0)"))
+      << lines.back();
+  expect_all_gone(read_journals(dir));
+}
+
 TEST(Elastic, AConnectionWithoutTheSecretIsRejectedAndTrainingIsUnaffected) {
   const TempDir temp("kolo-elastic");
   const std::string& dir = temp.path();

@@ -1,8 +1,10 @@
 // Worker side of kolorun's elastic rendezvous (elastic.h).
 //
 // Store keys (kolorun's launcher/elastic_driver.cc is the other side):
-//   elastic/join/<worker id>  set by a worker: "<after round>\n<reason>"; it
-//                             waits for a round newer than <after round>
+//   elastic/join/<worker id>  set by a worker: "<after round>\n<reason>\n
+//                             <suspects>" (worker ids its fault named, comma-
+//                             separated, possibly none); it waits for a round
+//                             newer than <after round>
 //   elastic/events            counter a worker bumps after setting its join
 //                             key, so that kolorun reads one key per poll
 //   elastic/round/<g>         set by kolorun, never changed afterwards:
@@ -135,11 +137,15 @@ int64_t Rendezvous::latest_round() {
   return std::stoll(to_string(store_->get("elastic/latest", milliseconds(0))));
 }
 
-Membership Rendezvous::join(int64_t after_round, const std::string& reason) {
+Membership Rendezvous::join(int64_t after_round, const std::string& reason,
+                            const std::vector<int64_t>& suspects) {
   const std::string id = std::to_string(options_.worker_id);
   std::string why = reason.substr(0, 400);
   std::replace(why.begin(), why.end(), '\n', ' ');
-  store_->set("elastic/join/" + id, to_bytes(std::to_string(after_round) + "\n" + why));
+  std::string named;
+  for (int64_t suspect : suspects) named += (named.empty() ? "" : ",") + std::to_string(suspect);
+  store_->set("elastic/join/" + id,
+              to_bytes(std::to_string(after_round) + "\n" + why + "\n" + named));
   store_->add("elastic/events", 1);
   // Rounds only grow. Start from the newest one published (a worker that was
   // away for several rounds skips those it is not in) and wait for the next

@@ -45,8 +45,10 @@ void run(State& state, const std::function<void()>& train, const RunOptions& opt
   int64_t round = 0;
   bool was_member = false;
   std::string reason = "starting";
+  std::vector<int64_t> suspects;
   for (;;) {
-    const Membership m = rendezvous.join(round, reason);
+    const Membership m = rendezvous.join(round, reason, suspects);
+    suspects.clear();
     round = m.round;
     logger.info("elastic: worker " + std::to_string(rendezvous.options().worker_id) + " is rank " +
                 std::to_string(m.rank) + " of " + std::to_string(m.size) + " in round " +
@@ -85,6 +87,11 @@ void run(State& state, const std::function<void()>& train, const RunOptions& opt
       throw;  // a bug, not a fault: retrying would fail the same way
     } catch (const RuntimeFault& e) {
       reason = std::string("fault: ") + e.what();
+      // The ranks the fault named, as worker ids, so that kolorun can evict a
+      // member that stalls instead of waiting for it.
+      for (int r : e.failed_ranks()) {
+        if (r >= 0 && r < m.size && r != m.rank) suspects.push_back(m.worker_ids[r]);
+      }
     }
     state.attach(nullptr, 0);
     logger.info("elastic: leaving round " + std::to_string(round) + " (" + reason + ")");

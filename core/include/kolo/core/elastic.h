@@ -84,9 +84,12 @@ class Rendezvous {
 
   // Announces that this worker waits for a round newer than `after_round`
   // (0 = never been a member) and why (`reason`, logged by kolorun), then
-  // blocks until kolorun publishes a round that contains it. Throws
+  // blocks until kolorun publishes a round that contains it. `suspects`: the
+  // worker ids the fault named (dead or unresponsive members of
+  // `after_round`); kolorun evicts those that do not come back. Throws
   // TimeoutError after options.timeout, RuntimeFault when kolorun is gone.
-  Membership join(int64_t after_round, const std::string& reason);
+  Membership join(int64_t after_round, const std::string& reason,
+                  const std::vector<int64_t>& suspects = {});
   // The newest round kolorun published (0 = none yet); one store round trip.
   int64_t latest_round();
   const Options& options() const { return options_; }
