@@ -54,7 +54,7 @@ struct ElasticSetup {
   std::vector<HostSlots> hosts;  // -H, or "localhost:<np>" (unused with a discovery script)
   std::string this_hostname;
   std::string program_path;
-  JobInfo job;  // store address and port, job id, backend, secret in `extra`
+  JobInfo job;  // store address and port, job id, backend, secret
   int signal_fd = -1;
   std::vector<std::string> parent_environ;
   std::string working_dir;

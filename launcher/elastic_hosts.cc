@@ -66,49 +66,19 @@ std::vector<HostSlots> run_discovery_script(const std::string& path,
   request.path = path;
   request.argv = {path};
   request.env = current_environ();
-  SpawnedProcess p;
+  CapturedRun run;
   try {
-    p = spawn_process(request);
+    run = run_captured(request, timeout);
   } catch (const std::system_error& e) {
     throw std::runtime_error(std::string("cannot run it: ") + e.what());
   }
-  std::string out, err;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  bool timed_out = false;
-  while (p.stdout_fd >= 0 || p.stderr_fd >= 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          deadline - std::chrono::steady_clock::now())
-                          .count();
-    if (left <= 0) {
-      timed_out = true;
-      break;
-    }
-    pollfd fds[2] = {{p.stdout_fd, POLLIN, 0}, {p.stderr_fd, POLLIN, 0}};
-    if (poll(fds, 2, static_cast<int>(left)) < 0 && errno != EINTR) break;
-    for (int k = 0; k < 2; ++k) {
-      int& fd = k == 0 ? p.stdout_fd : p.stderr_fd;
-      if (fd < 0 || fds[k].revents == 0) continue;
-      char buffer[4096];
-      ssize_t n = read(fd, buffer, sizeof(buffer));
-      if (n > 0) {
-        (k == 0 ? out : err).append(buffer, static_cast<size_t>(n));
-      } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-        close(fd);
-        fd = -1;
-      }
-    }
-  }
-  for (int fd : {p.stdout_fd, p.stderr_fd}) {
-    if (fd >= 0) close(fd);
-  }
-  if (timed_out) kill(-p.pid, SIGKILL);
-  int status = 0;
-  while (waitpid(p.pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (timed_out) {
+  if (run.timed_out) {
     throw std::runtime_error("it ran longer than " + std::to_string(timeout.count()) +
                              " ms and was killed");
   }
+  const int status = run.status;
+  const std::string& err = run.err;
+  const std::string& out = run.out;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::string last;
     std::istringstream lines(err);

@@ -65,7 +65,15 @@ JobPlan plan_job(const LaunchOptions& options, const PlanContext& context) {
                        "openssh-client or name another program)");
     }
     plan.store_bind = "0.0.0.0";
-    plan.store_addr = options.store_addr.empty() ? context.hostname : options.store_addr;
+    plan.store_addr = options.store_addr;
+    if (plan.store_addr.empty()) {
+      std::vector<std::string> remote_hosts;
+      for (const auto& p : plan.placements) {
+        if (!p.local) remote_hosts.push_back(p.host);
+      }
+      plan.store_addr =
+          context.reachable_address ? context.reachable_address(remote_hosts) : context.hostname;
+    }
   } else {
     plan.store_bind = "127.0.0.1";
     plan.store_addr = "127.0.0.1";
@@ -80,6 +88,7 @@ SpawnRequest worker_request(const JobPlan& plan, const LaunchOptions& options,
   std::vector<EnvVar> vars = kolo_variables(placement, job);
   SpawnRequest request;
   if (placement.local) {
+    if (!job.secret.empty()) vars.emplace_back(kSecretVariable, job.secret);
     for (const auto& entry : options.forward_env) {
       size_t eq = entry.find('=');
       if (eq != std::string::npos) vars.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
@@ -108,11 +117,13 @@ SpawnRequest worker_request(const JobPlan& plan, const LaunchOptions& options,
   remote.program = options.program;
   remote.args = options.program_args;
   remote.grace_seconds = options.grace_seconds;
+  remote.secret_on_stdin = !job.secret.empty();
   request.argv = remote_command(options.ssh_command, remote);
   request.path = find_executable(request.argv.front(), parent("PATH").value_or(""));
   if (request.path.empty()) request.path = request.argv.front();
   request.env = parent_environ;
   request.stdin_pipe = true;
+  if (remote.secret_on_stdin) request.stdin_data = job.secret + "\n";
   return request;
 }
 

@@ -2,6 +2,7 @@
 // system, and building each worker's spawn request (local or over ssh).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,9 @@ struct PlanContext {
   std::string hostname;               // this_hostname()
   std::string path;                   // $PATH, for program lookup
   std::vector<std::string> compiled;  // kolo::compiled_backends()
+  // The address of this host that workers on the given remote hosts reach
+  // (kolo::reachable_address in kolorun); null = the host name.
+  std::function<std::string(const std::vector<std::string>& remote_hosts)> reachable_address;
 };
 
 // Validates everything that can be checked before spawning: the host list,

@@ -20,13 +20,16 @@
 
 #include "build_info.h"
 #include "elastic_driver.h"
+#include "elastic_hosts.h"
 #include "hosts.h"
 #include "job.h"
 #include "kolo/core/communicator.h"
 #include "kolo/core/config.h"
 #include "kolo/core/store.h"
+#include "kolo/core/topology.h"
 #include "mpi_launch.h"
 #include "options.h"
+#include "remote_check.h"
 #include "spawn.h"
 #include "supervisor.h"
 #include "usage_error.h"
@@ -64,6 +67,13 @@ std::string working_directory() {
   char buffer[4096];
   if (getcwd(buffer, sizeof(buffer)) == nullptr) return ".";
   return buffer;
+}
+
+// This kolorun's absolute path (remote hosts run the same one).
+std::string self_path() {
+  char buffer[4096];
+  const ssize_t n = readlink("/proc/self/exe", buffer, sizeof(buffer) - 1);
+  return n > 0 ? std::string(buffer, static_cast<size_t>(n)) : "kolorun";
 }
 
 std::string describe_request(const Placement& p, const SpawnRequest& request,
@@ -144,8 +154,26 @@ int launch_elastic(const LaunchOptions& options) {
     throw UsageError("--host-discovery-script '" + options.host_discovery_script +
                      "' does not exist or is not executable (chmod +x it)");
   }
-  bool remote = !options.store_addr.empty();
-  for (const auto& h : hosts) remote = remote || !is_local_host(h.name, hostname);
+  // Hosts may appear anywhere when a discovery script names them: the
+  // (authenticated) rendezvous then listens on every interface, at the
+  // address the first remote host known now reaches (the script's first
+  // answer; the driver reports a script that fails).
+  std::vector<std::string> remote_hosts;
+  for (const auto& h : hosts) {
+    if (!is_local_host(h.name, hostname)) remote_hosts.push_back(h.name);
+  }
+  if (!options.host_discovery_script.empty()) {
+    try {
+      for (const auto& h : run_discovery_script(
+               find_executable(options.host_discovery_script, path), std::chrono::seconds(10))) {
+        if (!is_local_host(h.name, hostname)) remote_hosts.push_back(h.name);
+      }
+    } catch (const std::exception&) {
+      // reported by the driver when it runs the script
+    }
+  }
+  const bool remote = !options.store_addr.empty() || !options.host_discovery_script.empty() ||
+                      !remote_hosts.empty();
 
   OutputRouter::Options output_options;
   output_options.mode = options.output;
@@ -183,16 +211,17 @@ int launch_elastic(const LaunchOptions& options) {
   }
   prctl(PR_SET_CHILD_SUBREAPER, 1);
 
-  setup.job.store_addr =
-      remote ? (options.store_addr.empty() ? hostname : options.store_addr) : "127.0.0.1";
+  setup.job.store_addr = !remote                       ? "127.0.0.1"
+                         : !options.store_addr.empty() ? options.store_addr
+                                                       : reachable_address(hostname, remote_hosts);
   setup.job.store_port = server->port();
   setup.job.job_id = make_job_id();
   setup.job.backend = options.backend;
   setup.job.timeout_seconds = options.timeout_seconds;
   setup.job.local_cores = usable_cores();
+  setup.job.secret = secret;
   setup.job.extra = {
       {"KOLO_ELASTIC", "1"},
-      {"KOLO_JOB_SECRET", secret},
       {"KOLO_ELASTIC_TIMEOUT_SECONDS", format_seconds(options.elastic_timeout_seconds + 60.0)}};
   setup.signal_fd = signal_fd;
   setup.eviction_timeout_seconds = options.timeout_seconds.value_or(
@@ -220,6 +249,9 @@ int launch(const LaunchOptions& options) {
   context.hostname = this_hostname();
   context.path = process_parent_env()("PATH").value_or("/usr/local/bin:/usr/bin:/bin");
   context.compiled = compiled_backends();
+  context.reachable_address = [&](const std::vector<std::string>& remote_hosts) {
+    return reachable_address(context.hostname, remote_hosts);
+  };
   JobPlan plan = plan_job(options, context);  // UsageError: nothing spawned yet
   if (options.backend == "mpi") return exec_mpirun(options, plan);
 
@@ -234,10 +266,14 @@ int launch(const LaunchOptions& options) {
     throw UsageError("--output-dir " + options.output_dir + ": " + e.what());
   }
 
+  // A store that other hosts can reach is authenticated with a per-job
+  // secret (remote workers read it from ssh's stdin, never a command line).
+  const std::string secret = plan.any_remote ? make_secret() : "";
   std::unique_ptr<TcpStoreServer> store;
   try {
     TcpStoreServer::Options store_options;
     store_options.bind_address = plan.store_bind;
+    store_options.secret = secret;
     store = std::make_unique<TcpStoreServer>(store_options);
   } catch (const std::exception& e) {
     std::cerr << "kolorun: cannot serve the rendezvous store on " << plan.store_bind << ": "
@@ -262,6 +298,7 @@ int launch(const LaunchOptions& options) {
   job.backend = options.backend;
   job.timeout_seconds = options.timeout_seconds;
   job.local_cores = usable_cores();
+  job.secret = secret;
 
   SupervisorOptions supervisor_options;
   supervisor_options.grace_seconds = options.grace_seconds;
@@ -311,9 +348,16 @@ int run(int argc, char** argv) {
       case Action::kVersion:
         std::cout << version_text() << "\n";
         return 0;
-      case Action::kCheckBuild:
-        std::cout << check_build_text();
-        return 0;
+      case Action::kCheckBuild: {
+        if (command.options.hosts.empty()) {
+          std::cout << check_build_text();
+          return 0;
+        }
+        RemoteCheckOptions check;
+        check.kolorun_path = self_path();
+        check.local_report = check_build_text();
+        return check_build_on_hosts(command.options, check, std::cout);
+      }
       case Action::kPrintEnvDocs:
         std::cout << Config::markdown();
         return 0;

@@ -3,6 +3,7 @@
 #include "spawn.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -120,9 +121,62 @@ SpawnedProcess spawn_process(const SpawnRequest& request) {
     throw std::system_error(child_errno, std::generic_category(), "execve " + request.path);
   }
 
+  if (!request.stdin_data.empty()) {
+    // The pipe is empty and its buffer far larger: one write, never blocking.
+    ssize_t written;
+    do {
+      written = write(in.write_fd, request.stdin_data.data(), request.stdin_data.size());
+    } while (written < 0 && errno == EINTR);
+    if (written != static_cast<ssize_t>(request.stdin_data.size())) {
+      const int code = written < 0 ? errno : EIO;
+      kill(-pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      close_fd(out.read_fd);
+      close_fd(err.read_fd);
+      close_fd(in.write_fd);
+      throw std::system_error(code, std::generic_category(),
+                              "writing to the stdin of " + request.path);
+    }
+  }
   for (int fd : {out.read_fd, err.read_fd}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   if (in.write_fd >= 0) fcntl(in.write_fd, F_SETFL, fcntl(in.write_fd, F_GETFL) | O_NONBLOCK);
   return {pid, out.read_fd, err.read_fd, in.write_fd};
+}
+
+CapturedRun run_captured(const SpawnRequest& request, std::chrono::milliseconds timeout) {
+  SpawnedProcess p = spawn_process(request);
+  CapturedRun run;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (p.stdout_fd >= 0 || p.stderr_fd >= 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0) {
+      run.timed_out = true;
+      break;
+    }
+    pollfd fds[2] = {{p.stdout_fd, POLLIN, 0}, {p.stderr_fd, POLLIN, 0}};
+    if (poll(fds, 2, static_cast<int>(left)) < 0 && errno != EINTR) break;
+    for (int k = 0; k < 2; ++k) {
+      int& fd = k == 0 ? p.stdout_fd : p.stderr_fd;
+      if (fd < 0 || fds[k].revents == 0) continue;
+      char buffer[4096];
+      ssize_t n = read(fd, buffer, sizeof(buffer));
+      if (n > 0) {
+        (k == 0 ? run.out : run.err).append(buffer, static_cast<size_t>(n));
+      } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+        close(fd);
+        fd = -1;
+      }
+    }
+  }
+  for (int fd : {p.stdout_fd, p.stderr_fd, p.stdin_fd}) {
+    if (fd >= 0) close(fd);
+  }
+  if (run.timed_out) kill(-p.pid, SIGKILL);
+  while (waitpid(p.pid, &run.status, 0) < 0 && errno == EINTR) {
+  }
+  return run;
 }
 
 std::string find_executable(const std::string& program, const std::string& path_variable) {

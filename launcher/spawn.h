@@ -3,6 +3,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,11 @@ struct SpawnRequest {
   // Keep a pipe to the child's stdin (remote workers: closing it stops them);
   // otherwise the child's stdin is /dev/null.
   bool stdin_pipe = false;
+  // With stdin_pipe: bytes written to the pipe before spawn_process returns
+  // (a remote worker's job secret, which must not appear on a command line).
+  // At most a pipe buffer (4 KiB here is far below the 64 KiB of Linux), so
+  // the write never blocks.
+  std::string stdin_data;
 };
 
 struct SpawnedProcess {
@@ -32,6 +38,19 @@ struct SpawnedProcess {
 // Call it from the main thread: the parent-death signal fires when the thread
 // that forked exits.
 SpawnedProcess spawn_process(const SpawnRequest& request);
+
+// A short-lived command's outcome (run_captured).
+struct CapturedRun {
+  int status = 0;          // waitpid status
+  bool timed_out = false;  // killed (its whole group) at the timeout
+  std::string out;         // everything it wrote on stdout
+  std::string err;         // and on stderr
+};
+
+// Runs `request` to completion, collecting its output; at `timeout` its
+// process group is SIGKILLed. Reaps only its own process. Throws
+// std::system_error when it cannot be started.
+CapturedRun run_captured(const SpawnRequest& request, std::chrono::milliseconds timeout);
 
 // Resolves a program name as execvp would (a name with '/' is used as is; others
 // are searched in PATH). Returns the path, or "" when no executable file exists.

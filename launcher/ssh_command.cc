@@ -34,6 +34,9 @@ std::string shell_quote(const std::string& text) {
 std::string remote_script(const RemoteWorker& worker) {
   std::ostringstream s;
   s << "cd " << shell_quote(worker.working_dir) << " && ";
+  // `read` takes exactly one line from a pipe (shells read it byte by byte),
+  // so the watcher below still sees the rest of the stream.
+  if (worker.secret_on_stdin) s << "IFS= read -r KOLO_JOB_SECRET && export KOLO_JOB_SECRET && ";
   // The watcher reads the original stdin through fd 3: an asynchronous list's
   // own stdin is /dev/null in a non-interactive shell.
   s << "exec 3<&0 && ";

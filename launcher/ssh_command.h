@@ -3,7 +3,9 @@
 //   ssh -o BatchMode=yes HOST '<script>'
 //
 // The script (POSIX sh, run by the remote login shell) changes to kolorun's
-// working directory, starts the program under `env` with the worker's variables,
+// working directory, reads the job secret from the first line of its stdin
+// (so that it appears on no command line, local or remote) and exports it,
+// starts the program under `env` with the worker's variables,
 // and watches its own stdin: kolorun keeps a pipe to ssh's stdin open for the
 // whole run, so end-of-file there (kolorun stopping the worker, or kolorun or the
 // connection dying) makes the script SIGTERM the worker and SIGKILL it after the
@@ -32,6 +34,9 @@ struct RemoteWorker {
   std::string program;
   std::vector<std::string> args;
   double grace_seconds = 5.0;
+  // The script reads one line from stdin into KOLO_JOB_SECRET before anything
+  // else (kolorun writes `secret + "\n"` to ssh's stdin, SpawnRequest::stdin_data).
+  bool secret_on_stdin = false;
 };
 
 // The shell script run on the remote host.

@@ -129,7 +129,8 @@ std::vector<EnvVar> forwarded_variables(const std::vector<std::string>& parent_e
     if (eq == std::string::npos) continue;
     parent[entry.substr(0, eq)] = entry.substr(eq + 1);
   }
-  std::set<std::string> taken;
+  // The secret travels on ssh's stdin (JobInfo::secret), never forwarded.
+  std::set<std::string> taken = {kSecretVariable};
   for (const auto& [name, value] : already_set) taken.insert(name);
   std::vector<EnvVar> vars;
   auto add = [&](const std::string& name, const std::string& value) {

@@ -29,10 +29,19 @@ struct JobInfo {
   int local_cores = 1;                    // cores kolorun may use on this host
   // Elastic mode: the rank and size variables are left out (each round of the
   // rendezvous gives them) and these follow the others (KOLO_ELASTIC,
-  // KOLO_WORKER_ID, KOLO_ELASTIC_HOST, KOLO_JOB_SECRET...).
+  // KOLO_WORKER_ID, KOLO_ELASTIC_HOST...).
   bool elastic = false;
   std::vector<EnvVar> extra;
+  // KOLO_JOB_SECRET: the key of the store's HMAC (hex; "" = unauthenticated
+  // store). Never part of kolo_variables(), because those reach remote hosts
+  // on the ssh command line, where every user's `ps` sees them: local workers
+  // get it in their environment, remote ones on ssh's stdin (ssh_command.h).
+  std::string secret;
 };
+
+// The name of the secret's variable, which forwarding never copies to a
+// command line.
+constexpr const char* kSecretVariable = "KOLO_JOB_SECRET";
 
 // Cores this process may run on (its affinity mask), at least 1.
 int usable_cores();
@@ -61,8 +70,9 @@ std::vector<std::string> local_worker_environment(const std::vector<std::string>
 std::vector<std::string> current_environ();
 
 // Variables forwarded to remote workers besides kolo_variables(): the parent's
-// other KOLO_* settings (e.g. KOLO_LOG_LEVEL), the thread variables the user set,
-// and each -x NAME / -x NAME=VALUE. A -x NAME that is unset here is skipped.
+// other KOLO_* settings (e.g. KOLO_LOG_LEVEL) but never KOLO_JOB_SECRET, the
+// thread variables the user set, and each -x NAME / -x NAME=VALUE. A -x NAME
+// that is unset here is skipped.
 std::vector<EnvVar> forwarded_variables(const std::vector<std::string>& parent_environ,
                                         const std::vector<std::string>& forward_env,
                                         const std::vector<EnvVar>& already_set);

@@ -13,6 +13,7 @@ packages=(
   libopenblas0-pthread               # libtorch otherwise uses the reference BLAS
   libtorch-dev                       # the libtorch frontend (torch/, kolo_torch)
   dataset-fashion-mnist              # examples/fashion_mnist's data
+  iproute2 openssh-server openssh-client  # scripts/test_hosts.sh: namespaces, sshd, ssh
 )
 
 missing=()

@@ -10,7 +10,8 @@ const std::vector<ConfigVar>& config_registry() {
       // --- Bootstrap (set by kolorun for its workers) ---
       {"KOLO_RANK", ConfigType::kInt, "", "", "Rank of this worker in the world (set by kolorun)."},
       {"KOLO_SIZE", ConfigType::kInt, "", "", "Number of workers in the world (set by kolorun)."},
-      {"KOLO_LOCAL_RANK", ConfigType::kInt, "", "", "Index of this worker among those on its host."},
+      {"KOLO_LOCAL_RANK", ConfigType::kInt, "", "",
+       "Index of this worker among those on its host."},
       {"KOLO_LOCAL_SIZE", ConfigType::kInt, "", "", "Number of workers on this worker's host."},
       {"KOLO_CROSS_RANK", ConfigType::kInt, "", "", "Index of this worker's host among the hosts."},
       {"KOLO_CROSS_SIZE", ConfigType::kInt, "", "", "Number of hosts in the job."},
@@ -20,11 +21,13 @@ const std::vector<ConfigVar>& config_registry() {
       {"KOLO_JOB_ID", ConfigType::kString, "", "",
        "Unique id of the job; names shared-memory segments. Default: derived from the launcher."},
       {"KOLO_HOSTNAME", ConfigType::kString, "", "",
-       "Name this worker reports for its host when grouping ranks by host. Default: gethostname()."},
+       "Name this worker reports for its host when grouping ranks by host. Default: "
+       "gethostname()."},
       {"KOLO_JOB_SECRET", ConfigType::kString, "", "",
        "Per-job secret (hex) that signs every message to and from the rendezvous store "
-       "(HMAC-SHA256); kolorun sets it for its elastic workers. Unset: the store is "
-       "unauthenticated (it listens on loopback unless other hosts take part)."},
+       "(HMAC-SHA256); kolorun sets it for every worker of a job that spans hosts and of an "
+       "elastic job (remote workers read it from ssh's stdin: it is on no command line). "
+       "Unset: the store is unauthenticated (kolorun's then listens on loopback only)."},
       // --- Elastic mode (set by kolorun --min-np/--max-np/--host-discovery-script) ---
       {"KOLO_ELASTIC", ConfigType::kBool, "0", "",
        "1 when kolorun started this worker in elastic mode: kolo::elastic::run() joins "

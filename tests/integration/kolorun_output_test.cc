@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "kolo/core/topology.h"
 #include "kolorun_harness.h"
 
 namespace kolo::kolorun_test {
@@ -166,9 +167,13 @@ TEST(KolorunOutput, RemoteHostThroughTheSshScript) {
     EXPECT_EQ(value_of(lines, "KOLO_LOCAL_SIZE"), remote ? "2" : "1");
     EXPECT_EQ(value_of(lines, "KOLO_CROSS_RANK"), remote ? "1" : "0");
     EXPECT_EQ(value_of(lines, "KOLO_CROSS_SIZE"), "2");
-    EXPECT_EQ(value_of(lines, "KOLO_STORE_ADDR"), hostname);  // store bound to 0.0.0.0
-    EXPECT_EQ(value_of(lines, "KOLO_LOG_LEVEL"), "info");     // forwarded
-    EXPECT_EQ(value_of(lines, "EXTRA_SETTING"), "1");         // -x NAME=VALUE
+    // The store is bound to 0.0.0.0 and named by an address other hosts reach
+    // (this host's name maps to loopback here, and fakehost does not resolve:
+    // the first interface that is up).
+    EXPECT_EQ(value_of(lines, "KOLO_STORE_ADDR"), reachable_address(hostname, {"fakehost"}));
+    EXPECT_EQ(value_of(lines, "KOLO_JOB_SECRET").size(), 64u);  // an authenticated store
+    EXPECT_EQ(value_of(lines, "KOLO_LOG_LEVEL"), "info");       // forwarded
+    EXPECT_EQ(value_of(lines, "EXTRA_SETTING"), "1");           // -x NAME=VALUE
     EXPECT_EQ(value_of(lines, "args"), "it's|two words");
     // Remote thread counts are computed on the remote host (nproc / its workers).
     EXPECT_EQ(value_of(lines, "OMP_NUM_THREADS"),

@@ -128,6 +128,49 @@ TEST(LauncherJob, RemoteRequestGoesThroughSsh) {
   EXPECT_TRUE(request.stdin_pipe);
 }
 
+// The job secret reaches a local worker in its environment and a remote one
+// on ssh's stdin, never on a command line (every user's `ps` shows those),
+// even when kolorun itself has KOLO_JOB_SECRET set.
+TEST(LauncherJob, TheSecretIsOnNoCommandLine) {
+  LaunchOptions options = options_for({"-H", "me:1,node2:1", "--ssh-command", "sh", "sh"});
+  JobPlan plan = plan_job(options, context());
+  JobInfo job = sample_job();
+  job.secret = "00ff";
+  const std::vector<std::string> parent = {"PATH=/bin", "KOLO_JOB_SECRET=stray"};
+  SpawnRequest local =
+      worker_request(plan, options, plan.placements[0], job, parent, no_env(), "/");
+  EXPECT_TRUE(contains(local.env, "KOLO_JOB_SECRET=00ff"));
+  EXPECT_FALSE(contains(local.env, "KOLO_JOB_SECRET=stray"));
+  EXPECT_TRUE(local.stdin_data.empty());
+  SpawnRequest remote =
+      worker_request(plan, options, plan.placements[1], job, parent, no_env(), "/");
+  for (const auto& arg : remote.argv) {
+    EXPECT_EQ(arg.find("00ff"), std::string::npos) << arg;
+    EXPECT_EQ(arg.find("stray"), std::string::npos) << arg;
+  }
+  EXPECT_TRUE(remote.stdin_pipe);
+  EXPECT_EQ(remote.stdin_data, "00ff\n");
+  EXPECT_NE(remote.argv.back().find("IFS= read -r KOLO_JOB_SECRET && export KOLO_JOB_SECRET && "),
+            std::string::npos)
+      << remote.argv.back();
+}
+
+// Without --store-addr, remote workers get the address reachable_address()
+// picks for the remote hosts (the host name when the context has none).
+TEST(LauncherJob, TheStoreAddressIsReachableFromTheRemoteHosts) {
+  PlanContext c = context();
+  std::vector<std::string> asked;
+  c.reachable_address = [&](const std::vector<std::string>& remote) {
+    asked = remote;
+    return std::string("198.18.17.1");
+  };
+  JobPlan plan = plan_job(options_for({"-H", "localhost:1,node2:2,node3:1", "sh"}), c);
+  EXPECT_EQ(plan.store_addr, "198.18.17.1");
+  EXPECT_EQ(asked, (std::vector<std::string>{"node2", "node2", "node3"}));
+  JobPlan given = plan_job(options_for({"-H", "node2:2", "--store-addr", "n0", "./x"}), c);
+  EXPECT_EQ(given.store_addr, "n0");
+}
+
 TEST(LauncherMpi, BuildsTheEquivalentMpirunCommand) {
   LaunchOptions options =
       options_for({"-np", "4", "--backend", "mpi", "--timeout", "30", "--tag-output",

@@ -2,9 +2,9 @@
 //
 //   env_worker [--sleep-ms D] [--partial] [args...]
 //
-// Prints "pid=<pid>", then NAME=VALUE for each KOLO_* and thread variable it was
-// given (and FAKE_SSH_HOST under fake_ssh, and EXTRA_* test variables), then "args=<arg>|<arg>|..."
-// and "stderr line from <rank>" on stderr.
+// Prints "pid=<pid>", "host=<gethostname()>", then NAME=VALUE for each KOLO_* and thread variable
+// it was given (and FAKE_SSH_HOST under fake_ssh, and EXTRA_* test variables), then
+// "args=<arg>|<arg>|..." and "stderr line from <rank>" on stderr.
 // --partial ends stdout with a line that has no newline. Exits 0 after D ms.
 #include <unistd.h>
 
@@ -31,6 +31,9 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("pid=%d\n", static_cast<int>(getpid()));
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::printf("host=%s\n", host);
   for (char** entry = environ; *entry != nullptr; ++entry) {
     std::string e = *entry;
     if (e.rfind("KOLO_", 0) == 0 || e.rfind("OMP_NUM_THREADS=", 0) == 0 ||

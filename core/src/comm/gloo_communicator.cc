@@ -22,18 +22,12 @@
 // waiting for its timeout. A rank that sees P close reads P's report (P writes
 // it before closing) and names the rank P blamed: every survivor names the
 // rank that actually died. The communicator is unusable afterwards.
-#include <arpa/inet.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,6 +46,7 @@
 #include "kolo/core/config.h"
 #include "kolo/core/errors.h"
 #include "kolo/core/store.h"
+#include "kolo/core/topology.h"
 #include "reduce.h"
 
 namespace kolo::detail {
@@ -433,49 +428,6 @@ std::string this_host_name(const Config& config) {
   return system_host_name();
 }
 
-bool is_loopback(const sockaddr* address) {
-  if (address->sa_family != AF_INET) return false;
-  const auto* in = reinterpret_cast<const sockaddr_in*>(address);
-  return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
-}
-
-std::string ipv4_text(const sockaddr* address) {
-  char text[INET_ADDRSTRLEN] = {};
-  inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(address)->sin_addr, text, sizeof(text));
-  return text;
-}
-
-// An address other hosts can reach: the host name's address unless it is
-// loopback (Debian maps the host name to 127.0.1.1), else the first non-loopback
-// IPv4 interface that is up, else the host name itself.
-std::string reachable_address(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) == 0) {
-    std::string result;
-    for (addrinfo* a = found; a != nullptr && result.empty(); a = a->ai_next) {
-      if (!is_loopback(a->ai_addr)) result = ipv4_text(a->ai_addr);
-    }
-    freeaddrinfo(found);
-    if (!result.empty()) return result;
-  }
-  ifaddrs* interfaces = nullptr;
-  if (getifaddrs(&interfaces) == 0) {
-    std::string result;
-    for (ifaddrs* i = interfaces; i != nullptr && result.empty(); i = i->ifa_next) {
-      if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET &&
-          (i->ifa_flags & IFF_UP) != 0 && !is_loopback(i->ifa_addr)) {
-        result = ipv4_text(i->ifa_addr);
-      }
-    }
-    freeifaddrs(interfaces);
-    if (!result.empty()) return result;
-  }
-  return host;
-}
-
 std::string join_ranks(const std::vector<int>& ranks) {
   std::string text;
   for (int rank : ranks) text += (text.empty() ? "" : ", ") + std::to_string(rank);
@@ -713,8 +665,10 @@ class GlooCommunicator : public Communicator {
                          missing);
     }
     bool all_local = true;
+    std::vector<std::string> peer_hosts;
     for (int r = 0; r < size_; ++r) {
-      if (to_string(store_->get(host_keys[r], default_timeout_)) != host) all_local = false;
+      peer_hosts.push_back(to_string(store_->get(host_keys[r], default_timeout_)));
+      if (peer_hosts.back() != host) all_local = false;
     }
 
     gloo::transport::tcp::attr attr;
@@ -723,7 +677,7 @@ class GlooCommunicator : public Communicator {
       attr.iface = iface;
       where = "interface " + iface + " (KOLO_GLOO_IFACE)";
     } else {
-      attr.hostname = all_local ? "127.0.0.1" : reachable_address(system_host_name());
+      attr.hostname = all_local ? "127.0.0.1" : reachable_address(system_host_name(), peer_hosts);
       where = "address " + attr.hostname;
     }
     try {
@@ -902,8 +856,8 @@ class GlooCommunicator : public Communicator {
       while (true) {
         if (store_->check({key})) {
           auto report = FaultReport::decode(to_string(store_->get(key, kReportWait)));
-          if (!report || std::find(report->ranks.begin(), report->ranks.end(), rank_) ==
-                             report->ranks.end()) {
+          if (!report ||
+              std::find(report->ranks.begin(), report->ranks.end(), rank_) == report->ranks.end()) {
             return report;
           }
         }

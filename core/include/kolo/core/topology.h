@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "kolo/core/config.h"
 
@@ -11,10 +12,10 @@ namespace kolo {
 struct Topology {
   int rank = 0;
   int size = 1;
-  int local_rank = 0;   // index among the ranks on this host
-  int local_size = 1;   // ranks on this host
-  int cross_rank = 0;   // index of this host among the hosts (ordered by lowest rank)
-  int cross_size = 1;   // number of hosts
+  int local_rank = 0;  // index among the ranks on this host
+  int local_size = 1;  // ranks on this host
+  int cross_rank = 0;  // index of this host among the hosts (ordered by lowest rank)
+  int cross_size = 1;  // number of hosts
   // Which launcher the values came from: "kolorun", "openmpi", "pmi", "slurm",
   // "torchrun" or "none" (a world of one).
   std::string source = "none";
@@ -36,5 +37,16 @@ struct Topology {
 // MASTER_ADDR, MASTER_PORT). None of them: a world of one. Inconsistent values
 // (rank >= size, a non-number) throw ContractError naming the variable.
 Topology detect_topology(const EnvLookup& env, const Config& config);
+
+// The numeric IPv4 address at which processes on `peer_hosts` can reach this
+// host, whose name is `this_host`: its name's address when that is not
+// loopback (the usual case on a cluster); otherwise (Debian maps the host
+// name to 127.0.1.1, and test hosts in network namespaces have no name of
+// their own for this machine) the local end of the route toward the first
+// peer whose name resolves; otherwise the first non-loopback interface that
+// is up; otherwise `this_host` itself. Peers that name this host or loopback
+// are skipped. Used for gloo's device address and kolorun's store address.
+std::string reachable_address(const std::string& this_host,
+                              const std::vector<std::string>& peer_hosts);
 
 }  // namespace kolo
