@@ -130,6 +130,23 @@ TEST(KolorunSsh, GlooBetweenThisMachineAndATestHost) {
   expect_check_passed(r, 2, "gloo");
 }
 
+// KOLO_GLOO_IFACE names the interface gloo binds to (each test host has eth0).
+TEST(KolorunSsh, GlooOnTheInterfaceKoloGlooIfaceNames) {
+  KOLO_NEED_TEST_HOSTS(2, hosts);
+  RunResult r = run_kolorun(over_ssh(*hosts, hosts->names[0] + ":1," + hosts->names[1] + ":1",
+                                     {"-x", "KOLO_GLOO_IFACE=eth0", "--timeout", "60",
+                                      "--tag-output", worker_path("kolo_check_worker"), "--counts",
+                                      "0,1,1000"}),
+                            seconds(120));
+  expect_check_passed(r, 2, "gloo");
+  RunResult wrong = run_kolorun(over_ssh(*hosts, hosts->names[0] + ":1," + hosts->names[1] + ":1",
+                                         {"-x", "KOLO_GLOO_IFACE=nosuch0", "--timeout", "20",
+                                          worker_path("kolo_check_worker"), "--counts", "1"}),
+                                seconds(120));
+  EXPECT_NE(wrong.exit_code, 0);
+  EXPECT_NE(wrong.err.find("nosuch0 (KOLO_GLOO_IFACE)"), std::string::npos) << wrong.err;
+}
+
 TEST(KolorunSsh, MpiAcrossHostsThroughOpenMpisSshLauncher) {
   if (!KOLO_HAVE_MPI) GTEST_SKIP() << "built without MPI";
   KOLO_NEED_TEST_HOSTS(2, hosts);
