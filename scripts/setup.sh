@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libopenmpi-dev openmpi-bin         # mpi backend, mpirun baseline
   libgloo-dev                        # gloo backend
+  zlib1g-dev                         # CRC-32 of kolo's files, gzipped data
   libgtest-dev libgmock-dev          # tests
   libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev

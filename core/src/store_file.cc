@@ -1,8 +1,10 @@
 // File store: one file per key in a directory shared by the ranks.
 //
 // A key is escaped into a file name ("k." + [A-Za-z0-9_-] kept, every other byte
-// as %XX). Values are written to a temporary file and renamed over the key's
-// file, so readers see either the old or the new value, never a partial one.
+// as %XX). Values are checked files (kStoreValueFile, kolo/core/checked_file.h)
+// written to a temporary file and renamed over the key's file, so readers see
+// either the old or the new value, never a partial one, and a damaged one is
+// an error naming the file.
 // Mutations (set, add, erase) hold an flock on "<dir>/lock" so that add() is an
 // atomic read-modify-write across processes and threads (each call opens the
 // lock file anew, and flock locks belong to the open file description).
@@ -13,13 +15,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <optional>
 #include <thread>
 
+#include "kolo/core/checked_file.h"
 #include "kolo/core/errors.h"
 #include "kolo/core/store.h"
 
@@ -202,46 +204,32 @@ class FileStore : public Store {
       throw RuntimeFault("kolo file store: cannot open " + path + ": " + errno_text());
     }
     FdCloser closer(fd);
-    Bytes out;
-    uint8_t buffer[65536];
+    std::string bytes;
+    char buffer[65536];
     for (;;) {
       ssize_t got = read(fd, buffer, sizeof(buffer));
       if (got < 0 && errno == EINTR) continue;
       if (got < 0) throw RuntimeFault("kolo file store: cannot read " + path + ": " + errno_text());
-      if (got == 0) return out;
-      out.insert(out.end(), buffer, buffer + got);
+      if (got == 0) break;
+      bytes.append(buffer, static_cast<size_t>(got));
     }
+    const std::string value = decode_checked(kStoreValueFile, bytes, path);
+    return Bytes(value.begin(), value.end());
   }
 
-  // Writes a temporary file in the same directory and renames it over `path`.
+  // A checked file written to a temporary name and renamed over `path`; not
+  // fsynced (the store lives as long as the job).
   void write_atomically(const std::string& path, const Bytes& value) {
-    std::string temp = directory_ + "/tmp." + std::to_string(getpid()) + "." +
-                       std::to_string(reinterpret_cast<uintptr_t>(this)) + "." +
-                       std::to_string(temp_counter_.fetch_add(1));
-    int fd = open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) throw RuntimeFault("kolo file store: cannot create " + temp + ": " + errno_text());
-    size_t done = 0;
-    while (done < value.size()) {
-      ssize_t wrote = write(fd, value.data() + done, value.size() - done);
-      if (wrote < 0 && errno == EINTR) continue;
-      if (wrote < 0) {
-        std::string reason = errno_text();
-        close(fd);
-        unlink(temp.c_str());
-        throw RuntimeFault("kolo file store: cannot write " + temp + ": " + reason);
-      }
-      done += static_cast<size_t>(wrote);
-    }
-    close(fd);
-    if (rename(temp.c_str(), path.c_str()) != 0) {
-      std::string reason = errno_text();
-      unlink(temp.c_str());
-      throw RuntimeFault("kolo file store: cannot rename " + temp + " to " + path + ": " + reason);
+    CheckedWriteOptions options;
+    options.durable = false;
+    try {
+      write_checked_file(path, kStoreValueFile, std::string(value.begin(), value.end()), options);
+    } catch (const ContractError& e) {
+      throw RuntimeFault(e.what());
     }
   }
 
   const std::string directory_;
-  std::atomic<uint64_t> temp_counter_{0};  // unique temp names within this process
 };
 
 }  // namespace

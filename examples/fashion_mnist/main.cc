@@ -33,7 +33,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <memory>
 #include <stdexcept>
@@ -452,18 +451,8 @@ int run_elastic(const Flags& flags) {
   }
   kolo::elastic::TorchState state(*model, &adam, static_cast<size_t>(train_size), shard,
                                   commit_options);
-  if (flags.resume) {
-    std::ifstream file(commit_options.commit_path, std::ios::binary);
-    if (!file) {
-      std::fprintf(stderr,
-                   "fashion_mnist: --resume: cannot read %s (written by an --elastic run "
-                   "with the same --checkpoint-dir)\n",
-                   commit_options.commit_path.c_str());
-      return 1;
-    }
-    const std::string bytes((std::istreambuf_iterator<char>(file)), {});
-    state.load_commit(kolo::Bytes(bytes.begin(), bytes.end()));
-  }
+  // A missing, truncated or corrupt commit file is an error naming it.
+  if (flags.resume) state.load_commit_file(commit_options.commit_path);
 
   std::vector<EpochRecord> records;
   int workers = 1;

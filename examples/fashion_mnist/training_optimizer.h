@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -36,7 +37,7 @@ class TrainingOptimizer {
                                                                     dist_options);
       if (options.resume) {
         // Rank 0 reads and verifies the file; every worker gets its contents.
-        resumed_ = kolo::load_checkpoint(path(), model, &adam);
+        resume([&] { resumed_ = kolo::load_checkpoint(path(), model, &adam); });
       } else {
         kolo::broadcast_parameters(model, /*root=*/0);
         kolo::broadcast_optimizer_state(adam, /*root=*/0);
@@ -48,7 +49,7 @@ class TrainingOptimizer {
     zero_options.stage = options.zero_stage;
     zero_ = std::make_unique<kolo::ZeroOptimizer>(adam, model, zero_options);
     // Every worker reads the shards holding its slices (any earlier world size).
-    if (options.resume) resumed_ = kolo::load_zero_checkpoint(path(), *zero_);
+    if (options.resume) resume([&] { resumed_ = kolo::load_zero_checkpoint(path(), *zero_); });
   }
 
   void zero_grad() { zero_ ? zero_->zero_grad() : data_parallel_->zero_grad(); }
@@ -66,13 +67,42 @@ class TrainingOptimizer {
   }
 
   // Where checkpoints go.
-  std::string path() const {
-    return options_.checkpoint_dir + (options_.zero_stage == 0 ? "/checkpoint.kolo" : "/zero");
+  std::string path() const { return path_for(options_.zero_stage); }
+  std::string path_for(int zero_stage) const {
+    return options_.checkpoint_dir + (zero_stage == 0 ? "/checkpoint.kolo" : "/zero");
   }
   // The saved state when resumed.
   const kolo::CheckpointState& resumed() const { return resumed_; }
 
  private:
+  // Runs a collective load. When it fails (the same error on every worker)
+  // because --checkpoint-dir holds the other kind of checkpoint, the error
+  // says which --zero-stage resumes it.
+  template <typename Load>
+  void resume(Load load) {
+    try {
+      load();
+    } catch (const kolo::ContractError& e) {
+      namespace fs = std::filesystem;
+      const bool zero = options_.zero_stage != 0;
+      std::error_code ignored;
+      if (zero && !fs::exists(path() + "/index.kolo", ignored) &&
+          fs::exists(path_for(0), ignored)) {
+        throw kolo::ContractError(std::string(e.what()) + "; " + options_.checkpoint_dir +
+                                  " holds a plain checkpoint (" + path_for(0) +
+                                  ", saved without --zero-stage): resume it without "
+                                  "--zero-stage (or with --zero-stage 0)");
+      }
+      if (!zero && !fs::exists(path(), ignored) &&
+          fs::exists(path_for(1) + "/index.kolo", ignored)) {
+        throw kolo::ContractError(std::string(e.what()) + "; " + options_.checkpoint_dir +
+                                  " holds a sharded ZeRO checkpoint (" + path_for(1) +
+                                  "/): resume it with --zero-stage 1, 2 or 3");
+      }
+      throw;
+    }
+  }
+
   torch::optim::Adam& adam_;
   torch::nn::Module& model_;
   TrainingOptimizerOptions options_;

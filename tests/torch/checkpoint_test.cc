@@ -1,4 +1,4 @@
-// Checkpoints: CRC-32, the file format (atomic write, every kind of damage
+// Checkpoints: the file format (atomic write, every kind of damage
 // rejected with the file named), the payload round trip, collective save and
 // load on 1-3 rank-threads with the same error on every rank.
 #include "kolo/torch/checkpoint.h"
@@ -12,16 +12,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "kolo/core/errors.h"
 #include "kolo/torch/metrics.h"
 #include "kolo/torch/sampler.h"
+#include "temp_dir.h"
 #include "test_net.h"
 #include "torch_harness.h"
-#include "temp_dir.h"
 
 namespace kolo {
 namespace {
@@ -29,8 +28,8 @@ namespace {
 using testing::kTorchTimeout;
 using testing::run_with_engines;
 
-using testing::error_of;
 using kolo::testing::TempDir;
+using testing::error_of;
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -40,34 +39,6 @@ std::string read_file(const std::string& path) {
 void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << bytes;
-}
-
-// Bit-at-a-time CRC-32, the textbook definition.
-uint32_t reference_crc32(const unsigned char* p, size_t n) {
-  uint32_t crc = 0xFFFFFFFFu;
-  for (size_t i = 0; i < n; ++i) {
-    crc ^= p[i];
-    for (int k = 0; k < 8; ++k) crc = (crc & 1) ? (crc >> 1) ^ 0xEDB88320u : crc >> 1;
-  }
-  return ~crc;
-}
-
-TEST(Crc32, KnownVectorsAndTheBitwiseDefinition) {
-  EXPECT_EQ(crc32("", 0), 0u);
-  EXPECT_EQ(crc32("123456789", 9), 0xCBF43926u);
-  const std::string fox = "The quick brown fox jumps over the lazy dog";
-  EXPECT_EQ(crc32(fox.data(), fox.size()), 0x414FA339u);  // zlib.crc32
-  // Running checksum over two pieces.
-  EXPECT_EQ(crc32(fox.data() + 10, fox.size() - 10, crc32(fox.data(), 10)), 0x414FA339u);
-  std::mt19937 random(1);
-  std::vector<unsigned char> data(300);
-  for (auto& b : data) b = static_cast<unsigned char>(random());
-  for (size_t offset : {0, 1, 3, 7}) {
-    for (size_t n = 0; n + offset <= data.size(); n += 13) {
-      ASSERT_EQ(crc32(data.data() + offset, n), reference_crc32(data.data() + offset, n))
-          << "offset " << offset << " length " << n;
-    }
-  }
 }
 
 TEST(CheckpointFile, RoundTripLeavesNoTemporaryFile) {

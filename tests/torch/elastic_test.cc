@@ -12,6 +12,7 @@
 #include <torch/serialize/archive.h>
 #include <torch/utils.h>
 
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,7 +20,9 @@
 #include <string>
 #include <vector>
 
+#include "kolo/core/checked_file.h"
 #include "kolo/core/communicator.h"
+#include "temp_dir.h"
 #include "test_net.h"
 #include "torch_harness.h"
 
@@ -111,6 +114,51 @@ TEST_F(ElasticTorchState, RestoreReturnsModelAdamAndPositionToTheCommit) {
   big.state.commit();
   const std::string message = error_of([&] { other.state.load_commit(big.state.committed()); });
   EXPECT_NE(message.find("600 samples"), std::string::npos) << message;
+}
+
+// Issue 15: TorchState's commit file (what fashion_mnist --elastic writes to
+// <dir>/elastic.commit and --resume reads): a flipped byte inside a weight
+// used to load silently (NaN losses followed) and a truncated file failed
+// with a libtorch backtrace that named no file. Both are now errors naming
+// the file, with no backtrace, and the model keeps its weights.
+TEST_F(ElasticTorchState, ADamagedCommitFileIsAnErrorNamingIt) {
+  kolo::testing::TempDir dir("kolo-torch-commit");
+  const std::string path = dir.file("elastic.commit");
+  elastic::State::Options options;
+  options.commit_path = path;
+  Net net;
+  torch::optim::Adam adam(net.parameters(), torch::optim::AdamOptions(0.01));
+  TorchState state(net, &adam, 100, {}, options);
+  train_step(net, adam, 1.0f);
+  state.epoch = 1;
+  state.commit();
+  std::string good;
+  {
+    std::ifstream in(path, std::ios::binary);
+    good.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  Member fresh(1, 100, {}, nullptr);
+  fresh.state.load_commit_file(path);
+  EXPECT_EQ(model_bytes(fresh.net), model_bytes(net));
+
+  auto expect_rejected = [&](const std::string& bytes, const std::string& what) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+    Member target(2, 100, {}, nullptr);
+    const std::string weights = model_bytes(target.net);
+    const std::string message = error_of([&] { target.state.load_commit_file(path); });
+    EXPECT_NE(message.find("'" + path + "'"), std::string::npos) << message;
+    EXPECT_NE(message.find(what), std::string::npos) << message;
+    EXPECT_EQ(message.find("Exception raised from"), std::string::npos) << message;
+    EXPECT_EQ(model_bytes(target.net), weights);
+  };
+  // A byte in the middle of the payload: the archive holds the weights there.
+  std::string flipped = good;
+  flipped[good.size() / 2] ^= 0x40;
+  expect_rejected(flipped, "checksum mismatch");
+  expect_rejected(good.substr(0, good.size() / 3), "truncated");
+  // A well-formed container around a payload that is not a TorchState's.
+  std::string payload = good.substr(32, 4 + 16) + "not an archive";
+  expect_rejected(encode_checked(kElasticCommitFile, payload), "not a readable archive");
 }
 
 TEST_F(ElasticTorchState, SyncGivesEveryRankRankZerosModelAdamAndPosition) {

@@ -168,5 +168,29 @@ TEST_F(ZeroCheckpoint, MissingOrCorruptShardNamesTheFileAndTheRank) {
   std::filesystem::remove_all(dir);
 }
 
+// Issue 15: the index and shard 0 of one save with shard 1 of another (what a
+// crash part-way through a save leaves) used to load and train. Every file of
+// a save now carries the save's id; a mix is an error on every rank naming
+// the shard and the index.
+TEST_F(ZeroCheckpoint, AMixOfTwoSavesIsAnErrorNamingTheFiles) {
+  const std::string first = temp_dir("save-a");
+  const std::string second = temp_dir("save-b");
+  train(initial_, batches_, 2, 2, 0, 1, "", first);
+  train(initial_, batches_, 2, 2, 0, 2, "", second);
+  std::filesystem::copy_file(second + "/shard-1-of-2.kolo", first + "/shard-1-of-2.kolo",
+                             std::filesystem::copy_options::overwrite_existing);
+  for (const std::string& error : load_errors(initial_, first, 2)) {
+    EXPECT_NE(error.find("'" + first + "/shard-1-of-2.kolo': belongs to save "), std::string::npos)
+        << error;
+    EXPECT_NE(error.find("the index '" + first + "/index.kolo' to save "), std::string::npos)
+        << error;
+    EXPECT_NE(error.find("mixes files of two saves"), std::string::npos) << error;
+  }
+  // Each save on its own still loads.
+  for (const std::string& error : load_errors(initial_, second, 2)) EXPECT_EQ(error, "");
+  std::filesystem::remove_all(first);
+  std::filesystem::remove_all(second);
+}
+
 }  // namespace
 }  // namespace kolo

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "elastic_hosts.h"
+#include "kolo/core/checked_file.h"
 #include "temp_dir.h"
 
 namespace kolo {
@@ -73,15 +74,99 @@ TEST(ElasticState, CommitRestoreAndFile) {
   EXPECT_EQ(seen, 5);
   EXPECT_EQ(state.epoch, 2);
   EXPECT_EQ(state.batch, 7);
-  std::ifstream file(path, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(Bytes(bytes.begin(), bytes.end()), state.committed());
+  // The file holds the commit: a fresh state resumes from it.
+  double w2[3] = {0, 0, 0};
+  int64_t seen2 = 0;
+  elastic::BufferState resumed;
+  resumed.add("w", w2, sizeof(w2));
+  resumed.add("seen", &seen2, sizeof(seen2));
+  resumed.load_commit_file(path);
+  EXPECT_EQ(w2[2], 3);
+  EXPECT_EQ(seen2, 5);
+  EXPECT_EQ(resumed.epoch, 2);
+  EXPECT_EQ(resumed.batch, 7);
+  EXPECT_EQ(resumed.committed(), state.committed());
   // Reset callbacks run in order.
   std::string calls;
   state.on_reset([&] { calls += "a"; });
   state.on_reset([&] { calls += "b"; });
   state.run_reset_callbacks();
   EXPECT_EQ(calls, "ab");
+}
+
+template <typename F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+}
+
+void write_all(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// Issue 15: a flipped byte in elastic.commit used to load silently (training
+// went on from damaged weights) and a truncated one failed without naming the
+// file. Now the commit file has a format version and a checksum, and every
+// kind of damage is an error naming the file; the state is left untouched.
+TEST(ElasticState, ADamagedCommitFileIsAnErrorNamingIt) {
+  const testing::TempDir dir("kolo-state");
+  const std::string path = dir.file("elastic.commit");
+  double w[4] = {1, 2, 3, 4};
+  elastic::BufferState state(elastic::State::Options{path});
+  state.add("w", w, sizeof(w));
+  state.epoch = 3;
+  state.commit();
+  const std::string good = read_all(path);
+
+  auto expect_rejected = [&](const std::string& bytes, const std::string& what) {
+    write_all(path, bytes);
+    double target[4] = {0, 0, 0, 0};
+    elastic::BufferState fresh;
+    fresh.add("w", target, sizeof(target));
+    try {
+      fresh.load_commit_file(path);
+      ADD_FAILURE() << "loaded a damaged commit (" << what << ")";
+    } catch (const ContractError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("kolo elastic commit '" + path + "'"), std::string::npos) << message;
+      EXPECT_NE(message.find(what), std::string::npos) << message;
+    }
+    EXPECT_EQ(target[3], 0);
+    EXPECT_EQ(fresh.epoch, 0);
+  };
+  for (size_t at : {size_t{40}, good.size() / 2, good.size() - 1}) {
+    std::string flipped = good;
+    flipped[at] ^= 0x01;
+    expect_rejected(flipped, "checksum mismatch");
+  }
+  expect_rejected(good.substr(0, good.size() - 5), "truncated");
+  expect_rejected(good.substr(0, 10), "truncated");
+  // A commit written before the container (raw state bytes), or another kind of kolo file.
+  expect_rejected(good.substr(32), "not a kolo elastic commit");
+  expect_rejected(encode_checked(kCheckpointFile, good.substr(32)), "bad magic");
+  // A payload of a newer commit format.
+  std::string newer = good.substr(32);
+  newer[0] = 9;
+  expect_rejected(encode_checked(kElasticCommitFile, newer), "commit format 9 is not supported");
+  // Buffers of another state.
+  float other[2] = {0, 0};
+  elastic::BufferState mismatched;
+  mismatched.add("other", other, sizeof(other));
+  write_all(path, good);
+  EXPECT_NE(error_of([&] { mismatched.load_commit_file(path); }).find("does not fit this state"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { mismatched.load_commit_file(dir.file("missing")); }).find("does not exist"),
+      std::string::npos);
 }
 
 TEST(ElasticState, ACommitOfDifferentBuffersIsAContractError) {

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <set>
 #include <string>
@@ -36,6 +37,25 @@ class FileStoreTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
   std::string dir_;
 };
+
+// A value file is a checked file: one damaged on disk is an error naming it,
+// not a wrong value handed to the rank.
+TEST_F(FileStoreTest, ADamagedValueFileIsAnErrorNamingIt) {
+  auto store = make_file_store(dir_);
+  store->set("peer/address", bytes_of("10.0.0.1:4000"));
+  const std::string path = dir_ + "/k.peer%2Faddress";
+  ASSERT_TRUE(std::filesystem::exists(path));
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  file.seekp(-1, std::ios::end);
+  file.put('9');
+  file.close();
+  try {
+    store->get("peer/address", kTimeout);
+    FAIL() << "read a damaged value";
+  } catch (const ContractError& e) {
+    EXPECT_NE(std::string(e.what()).find("'" + path + "': corrupt"), std::string::npos) << e.what();
+  }
+}
 
 TEST_F(FileStoreTest, SetGetCheckEraseAdd) {
   auto store = make_file_store(dir_ + "/nested/dir");  // created on demand

@@ -1,6 +1,7 @@
 // Helpers shared by the frontend's sources (internal).
 #pragma once
 
+#include <exception>
 #include <functional>
 #include <string>
 #include <utility>
@@ -35,6 +36,10 @@ SetPosition set_position(Engine& engine, int process_set, const std::string& nam
 // a tensor's bytes back (made contiguous first).
 torch::Tensor bytes_tensor(const std::string& bytes);
 std::string tensor_bytes(const torch::Tensor& t);
+
+// An exception's message without the C++ backtrace that libtorch's
+// c10::Error appends to what(): for messages that reach users.
+std::string what_of(const std::exception& e);
 
 // Serialised form of an archive (torch's zip format) and back.
 std::string archive_to_bytes(torch::serialize::OutputArchive& archive);

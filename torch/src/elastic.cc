@@ -5,6 +5,8 @@
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <string>
 
 #include "kolo/core/errors.h"
@@ -76,7 +78,13 @@ void TorchState::deserialize(const Bytes& bytes) {
         "kolo::elastic::TorchState: the commit has no '" + std::string(kConsumedKey) +
         "'; it was not written by a TorchState (load_commit bytes from TorchState::committed())");
   }
-  const int64_t consumed = std::stoll(it->second);
+  char* end = nullptr;
+  errno = 0;
+  const long long consumed = std::strtoll(it->second.c_str(), &end, 10);
+  if (it->second.empty() || *end != '\0' || errno != 0) {
+    throw ContractError("kolo::elastic::TorchState: the commit's '" + std::string(kConsumedKey) +
+                        "' is not a number");
+  }
   if (consumed < 0 || static_cast<size_t>(consumed) > dataset_size_) {
     throw ContractError("kolo::elastic::TorchState: the commit took " + std::to_string(consumed) +
                         " samples of an epoch, this state's dataset has " +

@@ -469,6 +469,13 @@ std::string tensor_bytes(const torch::Tensor& t) {
   return std::string(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.nbytes()));
 }
 
+std::string what_of(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    return c10_error->what_without_backtrace();
+  }
+  return e.what();
+}
+
 std::string archive_to_bytes(torch::serialize::OutputArchive& archive) {
   std::string bytes;
   archive.save_to([&bytes](const void* data, size_t size) -> size_t {
@@ -510,7 +517,7 @@ std::string broadcast_from_root(const std::function<std::string()>& produce, int
       message = std::string("R") + e.what();
     } catch (const std::exception& e) {
       root_error = std::current_exception();
-      message = std::string("E") + e.what();
+      message = std::string("E") + what_of(e);
     }
   }
   std::string received = broadcast_bytes(message, name, o);

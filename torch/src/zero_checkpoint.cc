@@ -2,18 +2,7 @@
 // rank 0 the index; loading at any world size reads the shards that hold the
 // new slices; consolidation merges every shard into one.
 //
-// A shard's payload (a torch archive inside kolo's checkpoint container):
-//   kind "kolo-zero-shard", rank, world_size,
-//   segments/count, segments/<i>/{name, offset, length, group, values, keys,
-//   state/<key>}: one run [offset, offset + length) of the flattened parameter
-//   `name`, its values and the element-wise optimizer state tensors (Adam's
-//   exp_avg...), each (length);
-//   groups/<g>/scalars: the optimizer state that is not element-wise (Adam's
-//   step), one archive per parameter group this shard has state for.
-// The index: kind "kolo-zero-index", world_size, stage, the parameters (name,
-// dtype, shape, group) in the optimizer's order, the optimizer type and group
-// options, the model's buffers, the CheckpointState, and each shard's file
-// name and segments (so a loading rank reads only the shards it needs).
+// The files and their checks: zero_format.h.
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
@@ -26,6 +15,7 @@
 #include <unordered_map>
 
 #include "kolo/core/errors.h"
+#include "zero_format.h"
 #include "zero_state.h"
 
 namespace kolo {
@@ -33,7 +23,6 @@ namespace kolo {
 namespace {
 
 constexpr const char* kIndexFile = "index.kolo";
-constexpr int64_t kFormat = 1;
 
 using detail::bytes_tensor;
 using detail::tensor_bytes;
@@ -41,9 +30,14 @@ using detail::ZeroBucket;
 using detail::ZeroParam;
 using detail::ZeroPiece;
 using detail::ZeroState;
+using Segment = detail::ZeroSegment;
+using Shard = detail::ZeroShardFile;
+using ParamInfo = detail::ZeroParamInfo;
+using SegmentRef = detail::ZeroSegmentRef;
+using Index = detail::ZeroIndexFile;
 
 [[noreturn]] void fail(const std::string& source, const std::string& what) {
-  throw ContractError("ZeRO checkpoint " + source + ": " + what);
+  detail::zero_fail(source, what);
 }
 
 std::string shard_file(int rank, int world) {
@@ -54,262 +48,14 @@ std::string join(const std::string& dir, const std::string& file) {
   return (std::filesystem::path(dir) / file).string();
 }
 
-int64_t read_int(torch::serialize::InputArchive& a, const std::string& key,
-                 const std::string& source) {
-  c10::IValue v;
-  if (!a.try_read(key, v) || !v.isInt()) fail(source, "has no integer '" + key + "'");
-  return v.toInt();
-}
-
-std::string read_string(torch::serialize::InputArchive& a, const std::string& key,
-                        const std::string& source) {
-  c10::IValue v;
-  if (!a.try_read(key, v) || !v.isString()) fail(source, "has no string '" + key + "'");
-  return v.toStringRef();
-}
-
-torch::Tensor read_tensor(torch::serialize::InputArchive& a, const std::string& key,
-                          const std::string& source) {
-  c10::IValue v;
-  if (!a.try_read(key, v) || !v.isTensor()) fail(source, "has no tensor '" + key + "'");
-  return v.toTensor();
-}
-
-// --- Shards -----------------------------------------------------------------
-
-struct Segment {
-  std::string name;
-  int64_t offset = 0;
-  int64_t length = 0;
-  int group = 0;
-  torch::Tensor values;                        // (length)
-  std::map<std::string, torch::Tensor> state;  // element-wise optimizer state, each (length)
-};
-
-struct Shard {
-  int rank = 0;
-  int world = 1;
-  std::vector<Segment> segments;
-  std::map<int, std::string> group_scalars;  // group -> archive bytes
-};
-
-std::string encode_shard(const Shard& shard) {
-  torch::serialize::OutputArchive a;
-  a.write("kind", c10::IValue(std::string("kolo-zero-shard")));
-  a.write("format", c10::IValue(kFormat));
-  a.write("rank", c10::IValue(static_cast<int64_t>(shard.rank)));
-  a.write("world_size", c10::IValue(static_cast<int64_t>(shard.world)));
-  a.write("segments/count", c10::IValue(static_cast<int64_t>(shard.segments.size())));
-  for (size_t i = 0; i < shard.segments.size(); ++i) {
-    const Segment& s = shard.segments[i];
-    const std::string k = "segments/" + std::to_string(i);
-    a.write(k + "/name", c10::IValue(s.name));
-    a.write(k + "/offset", c10::IValue(s.offset));
-    a.write(k + "/length", c10::IValue(s.length));
-    a.write(k + "/group", c10::IValue(static_cast<int64_t>(s.group)));
-    a.write(k + "/values", c10::IValue(s.values));
-    std::string keys;
-    for (const auto& [key, t] : s.state) {
-      keys += key + "\n";
-      a.write(k + "/state/" + key, c10::IValue(t));
-    }
-    a.write(k + "/keys", c10::IValue(keys));
-  }
-  std::string groups;
-  for (const auto& [g, bytes] : shard.group_scalars) {
-    groups += std::to_string(g) + "\n";
-    a.write("groups/" + std::to_string(g) + "/scalars", c10::IValue(bytes_tensor(bytes)));
-  }
-  a.write("groups/with_state", c10::IValue(groups));
-  return detail::archive_to_bytes(a);
-}
-
-Shard decode_shard(const std::string& payload, const std::string& source) {
-  torch::serialize::InputArchive a;
-  try {
-    detail::archive_from_bytes(payload, a);
-  } catch (const std::exception& e) {
-    fail(source, std::string("is not a readable archive: ") + e.what());
-  }
-  if (read_string(a, "kind", source) != "kolo-zero-shard") fail(source, "is not a ZeRO shard");
-  Shard shard;
-  shard.rank = static_cast<int>(read_int(a, "rank", source));
-  shard.world = static_cast<int>(read_int(a, "world_size", source));
-  const int64_t count = read_int(a, "segments/count", source);
-  for (int64_t i = 0; i < count; ++i) {
-    const std::string k = "segments/" + std::to_string(i);
-    Segment s;
-    s.name = read_string(a, k + "/name", source);
-    s.offset = read_int(a, k + "/offset", source);
-    s.length = read_int(a, k + "/length", source);
-    s.group = static_cast<int>(read_int(a, k + "/group", source));
-    s.values = read_tensor(a, k + "/values", source);
-    std::istringstream keys(read_string(a, k + "/keys", source));
-    for (std::string key; std::getline(keys, key);) {
-      s.state[key] = read_tensor(a, k + "/state/" + key, source);
-    }
-    shard.segments.push_back(std::move(s));
-  }
-  std::istringstream groups(read_string(a, "groups/with_state", source));
-  for (std::string g; std::getline(groups, g);) {
-    shard.group_scalars[std::stoi(g)] =
-        tensor_bytes(read_tensor(a, "groups/" + g + "/scalars", source));
-  }
-  return shard;
-}
-
-// --- Index ------------------------------------------------------------------
-
-struct ParamInfo {
-  std::string name;
-  std::string dtype;
-  std::vector<int64_t> shape;
-  int group = 0;
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    return n;
-  }
-};
-
-struct SegmentRef {
-  std::string name;
-  int64_t offset = 0;
-  int64_t length = 0;
-};
-
-struct Index {
-  int world = 1;
-  int stage = 1;
-  std::vector<ParamInfo> params;
-  std::string optimizer_type;
-  std::vector<std::string> group_options;  // archive bytes per group
-  std::vector<std::pair<std::string, torch::Tensor>> buffers;
-  CheckpointState state;
-  std::vector<std::string> files;                 // per shard
-  std::vector<std::vector<SegmentRef>> segments;  // per shard
-};
-
-std::string encode_index(const Index& index) {
-  torch::serialize::OutputArchive a;
-  a.write("kind", c10::IValue(std::string("kolo-zero-index")));
-  a.write("format", c10::IValue(kFormat));
-  a.write("world_size", c10::IValue(static_cast<int64_t>(index.world)));
-  a.write("stage", c10::IValue(static_cast<int64_t>(index.stage)));
-  a.write("params/count", c10::IValue(static_cast<int64_t>(index.params.size())));
-  for (size_t i = 0; i < index.params.size(); ++i) {
-    const ParamInfo& p = index.params[i];
-    const std::string k = "params/" + std::to_string(i);
-    a.write(k + "/name", c10::IValue(p.name));
-    a.write(k + "/dtype", c10::IValue(p.dtype));
-    a.write(k + "/shape", c10::IValue(torch::tensor(p.shape, torch::kLong)));
-    a.write(k + "/group", c10::IValue(static_cast<int64_t>(p.group)));
-  }
-  a.write("optimizer/type", c10::IValue(index.optimizer_type));
-  a.write("groups/count", c10::IValue(static_cast<int64_t>(index.group_options.size())));
-  for (size_t g = 0; g < index.group_options.size(); ++g) {
-    a.write("groups/" + std::to_string(g) + "/options",
-            c10::IValue(bytes_tensor(index.group_options[g])));
-  }
-  a.write("buffers/count", c10::IValue(static_cast<int64_t>(index.buffers.size())));
-  for (size_t i = 0; i < index.buffers.size(); ++i) {
-    const std::string k = "buffers/" + std::to_string(i);
-    a.write(k + "/name", c10::IValue(index.buffers[i].first));
-    a.write(k + "/value", c10::IValue(index.buffers[i].second));
-  }
-  const CheckpointState& s = index.state;
-  a.write("state/epoch", c10::IValue(s.epoch));
-  a.write("state/step", c10::IValue(s.step));
-  a.write("state/seed", c10::IValue(static_cast<int64_t>(s.seed)));
-  a.write("state/sampler_epoch", c10::IValue(s.sampler.epoch));
-  a.write("state/sampler_next_index", c10::IValue(s.sampler.next_index));
-  a.write("state/extras/count", c10::IValue(static_cast<int64_t>(s.extras.size())));
-  int64_t e = 0;
-  for (const auto& [key, value] : s.extras) {
-    const std::string k = "state/extras/" + std::to_string(e++);
-    a.write(k + "/key", c10::IValue(key));
-    a.write(k + "/value", c10::IValue(bytes_tensor(value)));
-  }
-  for (size_t r = 0; r < index.files.size(); ++r) {
-    const std::string k = "shards/" + std::to_string(r);
-    a.write(k + "/file", c10::IValue(index.files[r]));
-    std::string text;
-    for (const SegmentRef& s : index.segments[r]) {
-      text += s.name + "\t" + std::to_string(s.offset) + "\t" + std::to_string(s.length) + "\n";
-    }
-    a.write(k + "/segments", c10::IValue(text));
-  }
-  return detail::archive_to_bytes(a);
-}
-
-Index decode_index(const std::string& payload, const std::string& source) {
-  torch::serialize::InputArchive a;
-  try {
-    detail::archive_from_bytes(payload, a);
-  } catch (const std::exception& e) {
-    fail(source, std::string("is not a readable archive: ") + e.what());
-  }
-  if (read_string(a, "kind", source) != "kolo-zero-index") fail(source, "is not a ZeRO index");
-  Index index;
-  index.world = static_cast<int>(read_int(a, "world_size", source));
-  index.stage = static_cast<int>(read_int(a, "stage", source));
-  const int64_t params = read_int(a, "params/count", source);
-  for (int64_t i = 0; i < params; ++i) {
-    const std::string k = "params/" + std::to_string(i);
-    ParamInfo p;
-    p.name = read_string(a, k + "/name", source);
-    p.dtype = read_string(a, k + "/dtype", source);
-    const torch::Tensor shape = read_tensor(a, k + "/shape", source);
-    for (int64_t d = 0; d < shape.numel(); ++d) p.shape.push_back(shape[d].item<int64_t>());
-    p.group = static_cast<int>(read_int(a, k + "/group", source));
-    index.params.push_back(std::move(p));
-  }
-  index.optimizer_type = read_string(a, "optimizer/type", source);
-  const int64_t groups = read_int(a, "groups/count", source);
-  for (int64_t g = 0; g < groups; ++g) {
-    index.group_options.push_back(
-        tensor_bytes(read_tensor(a, "groups/" + std::to_string(g) + "/options", source)));
-  }
-  const int64_t buffers = read_int(a, "buffers/count", source);
-  for (int64_t i = 0; i < buffers; ++i) {
-    const std::string k = "buffers/" + std::to_string(i);
-    index.buffers.emplace_back(read_string(a, k + "/name", source),
-                               read_tensor(a, k + "/value", source));
-  }
-  CheckpointState& s = index.state;
-  s.epoch = read_int(a, "state/epoch", source);
-  s.step = read_int(a, "state/step", source);
-  s.seed = static_cast<uint64_t>(read_int(a, "state/seed", source));
-  s.sampler.epoch = read_int(a, "state/sampler_epoch", source);
-  s.sampler.next_index = read_int(a, "state/sampler_next_index", source);
-  const int64_t extras = read_int(a, "state/extras/count", source);
-  for (int64_t i = 0; i < extras; ++i) {
-    const std::string k = "state/extras/" + std::to_string(i);
-    s.extras[read_string(a, k + "/key", source)] =
-        tensor_bytes(read_tensor(a, k + "/value", source));
-  }
-  for (int r = 0; r < index.world; ++r) {
-    const std::string k = "shards/" + std::to_string(r);
-    index.files.push_back(read_string(a, k + "/file", source));
-    std::vector<SegmentRef> refs;
-    std::istringstream text(read_string(a, k + "/segments", source));
-    for (std::string line; std::getline(text, line);) {
-      std::istringstream fields(line);
-      SegmentRef ref;
-      std::getline(fields, ref.name, '\t');
-      fields >> ref.offset >> ref.length;
-      refs.push_back(ref);
-    }
-    index.segments.push_back(std::move(refs));
-  }
-  return index;
-}
+std::string index_source(const std::string& dir) { return "'" + join(dir, kIndexFile) + "'"; }
 
 Index read_index(const std::string& dir) {
   const std::string path = join(dir, kIndexFile);
-  return decode_index(read_checkpoint_file(path), "index '" + path + "'");
+  return detail::decode_zero_index(read_checkpoint_file(path), "index '" + path + "'");
 }
 
+// Shard r of `index`, checked against it (same save, rank, parameters).
 Shard read_shard(const std::string& dir, const Index& index, int r) {
   const std::string path = join(dir, index.files[r]);
   const std::string source = "shard of rank " + std::to_string(r) + " of " +
@@ -320,12 +66,8 @@ Shard read_shard(const std::string& dir, const Index& index, int r) {
   } catch (const ContractError& e) {
     fail(source, e.what());
   }
-  Shard shard = decode_shard(payload, source);
-  if (shard.rank != r || shard.world != index.world) {
-    fail(source, "holds rank " + std::to_string(shard.rank) + " of " + std::to_string(shard.world) +
-                     "; the index expects rank " + std::to_string(r) + " of " +
-                     std::to_string(index.world));
-  }
+  Shard shard = detail::decode_zero_shard(payload, source);
+  detail::check_zero_shard(shard, r, index, index_source(dir), source);
   return shard;
 }
 
@@ -600,6 +342,11 @@ void save_zero_checkpoint(const std::string& dir, ZeroOptimizer& optimizer,
                           const CheckpointState& checkpoint) {
   ZeroState& state = optimizer.state();
   const std::string op = "kolo::save_zero_checkpoint";
+  // One id for this save, in every shard and in the index: a directory that
+  // mixes files of two saves is refused when loaded.
+  const std::string save_id =
+      detail::broadcast_from_root(detail::new_zero_save_id, 0, {state.rank, state.size},
+                                  state.options.name_prefix + "save.id", state.call);
   std::string error;
   {
     std::lock_guard<std::mutex> lock(state.mutex);
@@ -616,18 +363,22 @@ void save_zero_checkpoint(const std::string& dir, ZeroOptimizer& optimizer,
       // Stages 1 and 2: the slices are views of the parameters (re-adopted
       // if something replaced a parameter's storage).
       if (state.options.stage != 3) state.adopt_params();
+      Shard shard = my_shard(state);
+      shard.save_id = save_id;
       write_checkpoint_file(join(dir, shard_file(state.rank, state.size)),
-                            encode_shard(my_shard(state)));
+                            detail::encode_zero_shard(shard));
     } catch (const std::exception& e) {
-      error = e.what();
+      error = detail::what_of(e);
     }
   }
   detail::agree_on_outcome(error, op, state.options.name_prefix + "save.shards", state.call);
   if (state.rank == 0) {
     try {
-      write_checkpoint_file(join(dir, kIndexFile), encode_index(my_index(state, checkpoint)));
+      Index index = my_index(state, checkpoint);
+      index.save_id = save_id;
+      write_checkpoint_file(join(dir, kIndexFile), detail::encode_zero_index(index));
     } catch (const std::exception& e) {
-      error = e.what();
+      error = detail::what_of(e);
     }
   }
   detail::agree_on_outcome(error, op, state.options.name_prefix + "save.index", state.call);
@@ -645,7 +396,7 @@ CheckpointState load_zero_checkpoint(const std::string& dir, ZeroOptimizer& opti
       if (state.options.stage != 3) state.adopt_params();
       result = load_local(dir, state);
     } catch (const std::exception& e) {
-      error = e.what();
+      error = detail::what_of(e);
     }
   }
   detail::agree_on_outcome(error, op, state.options.name_prefix + "load", state.call);
@@ -719,13 +470,15 @@ void consolidate_zero_checkpoint(const std::string& dir, const std::string& out_
   index.world = 1;
   index.files = {shard_file(0, 1)};
   index.segments.assign(1, {});
+  index.format = shard.format = detail::kZeroFormat;
+  index.save_id = shard.save_id = detail::new_zero_save_id();
   for (const ParamInfo& p : full.index.params) {
     shard.segments.push_back(full.params.at(p.name));
     index.segments[0].push_back({p.name, 0, p.numel()});
   }
   std::filesystem::create_directories(out_dir);
-  write_checkpoint_file(join(out_dir, index.files[0]), encode_shard(shard));
-  write_checkpoint_file(join(out_dir, kIndexFile), encode_index(index));
+  write_checkpoint_file(join(out_dir, index.files[0]), detail::encode_zero_shard(shard));
+  write_checkpoint_file(join(out_dir, kIndexFile), detail::encode_zero_index(index));
 }
 
 CheckpointState load_zero_model(const std::string& dir, torch::nn::Module& model) {

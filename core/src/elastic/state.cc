@@ -1,13 +1,11 @@
 // Elastic State: commit / restore / sync, and BufferState (elastic.h).
 //
 // Committed bytes: i64 epoch, i64 batch, then the subclass's serialize().
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdio>
+// The commit file (Options::commit_path) is a checked file (kElasticCommitFile)
+// whose payload is u32 commit format (kCommitFormat), then those bytes.
 #include <cstring>
-#include <fstream>
 
+#include "kolo/core/checked_file.h"
 #include "kolo/core/elastic.h"
 
 namespace kolo::elastic {
@@ -16,6 +14,9 @@ namespace {
 void put_u64(Bytes& out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>((v >> (8 * i)) & 0xff));
 }
+
+// The layout of a commit file's payload after its format number.
+constexpr uint32_t kCommitFormat = 1;
 
 uint64_t get_u64(const Bytes& in, size_t& pos, const char* what) {
   if (in.size() - pos < 8) {
@@ -83,20 +84,19 @@ void State::commit() {
   ++commit_count_;
   const bool rank0 = world_rank() == 0;
   if (!options_.commit_path.empty() && rank0) {
-    const std::string tmp = options_.commit_path + ".tmp";
-    {
-      std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
-      file.write(reinterpret_cast<const char*>(snapshot_.data()),
-                 static_cast<std::streamsize>(snapshot_.size()));
-      if (!file) {
-        throw ContractError("kolo elastic State::commit: cannot write " + tmp +
-                            " (State::Options::commit_path); check the directory exists and is "
-                            "writable");
-      }
-    }
-    if (std::rename(tmp.c_str(), options_.commit_path.c_str()) != 0) {
-      throw ContractError("kolo elastic State::commit: cannot rename " + tmp + " to " +
-                          options_.commit_path + ": " + std::strerror(errno));
+    // Not fsynced (commits come every few steps): the rename is atomic and the
+    // checksum catches a file torn by a power loss; nothing torn is loaded.
+    std::string payload(4, '\0');
+    for (int i = 0; i < 4; ++i) payload[i] = static_cast<char>((kCommitFormat >> (8 * i)) & 0xff);
+    payload.append(reinterpret_cast<const char*>(snapshot_.data()), snapshot_.size());
+    CheckedWriteOptions write_options;
+    write_options.durable = false;
+    try {
+      write_checked_file(options_.commit_path, kElasticCommitFile, payload, write_options);
+    } catch (const ContractError& e) {
+      throw ContractError(std::string(e.what()) +
+                          " (State::Options::commit_path; check the directory exists and is "
+                          "writable)");
     }
   }
   if (rendezvous_ == nullptr || (options_.world == nullptr && !is_initialized())) return;
@@ -123,6 +123,25 @@ void State::restore() {
 void State::load_commit(const Bytes& bytes) {
   deserialize_all(bytes);
   snapshot_ = bytes;
+}
+
+void State::load_commit_file(const std::string& path) {
+  const std::string payload = read_checked_file(path, kElasticCommitFile);
+  const auto fail = [&](const std::string& what) {
+    throw ContractError(std::string(kElasticCommitFile.what) + " '" + path + "': " + what);
+  };
+  if (payload.size() < 4) fail("truncated: no commit format");
+  uint32_t format = 0;
+  for (int i = 0; i < 4; ++i) format |= uint32_t(static_cast<uint8_t>(payload[i])) << (8 * i);
+  if (format != kCommitFormat) {
+    fail("commit format " + std::to_string(format) + " is not supported (this build reads " +
+         std::to_string(kCommitFormat) + ")");
+  }
+  try {
+    load_commit(Bytes(payload.begin() + 4, payload.end()));
+  } catch (const std::exception& e) {
+    fail(std::string("does not fit this state: ") + e.what());
+  }
 }
 
 void State::sync(int root) {

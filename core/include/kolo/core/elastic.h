@@ -106,8 +106,10 @@ class Rendezvous {
 class State {
  public:
   struct Options {
-    // When set, rank 0 also writes every commit to this file (atomically:
-    // written to "<path>.tmp", then renamed). "" = memory only.
+    // When set, rank 0 also writes every commit to this file: a checked file
+    // (kolo/core/checked_file.h, magic "KOLOCMIT", with a format version and
+    // a checksum), written atomically. "" = memory only. load_commit_file()
+    // reads it back.
     std::string commit_path;
     // The world sync() and commit() talk to. nullptr = the default runtime's
     // (what run() builds for every round). Ranks as threads (tests) give each
@@ -143,6 +145,11 @@ class State {
   // the last commit and restores it: to resume from a commit on disk.
   // ContractError when the bytes do not fit this state.
   void load_commit(const Bytes& bytes);
+  // load_commit() of the commit file at `path` (Options::commit_path of the
+  // committing run), verified first: a missing, truncated or corrupt file, a
+  // file of another kind or format, or a commit that does not fit this state
+  // is a ContractError naming the file.
+  void load_commit_file(const std::string& path);
   // Commits so far in this process.
   int64_t commit_count() const { return commit_count_; }
   // The last committed bytes (empty before the first commit).

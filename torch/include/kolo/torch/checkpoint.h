@@ -1,24 +1,14 @@
 // Checkpoints: written by one rank, atomically, with a checksum; loaded on
 // one rank, verified, and broadcast to the others.
 //
-// File format (all integers little-endian):
-//   offset  0  8 bytes  magic "KOLOCKPT"
-//   offset  8  u32      format version (1)
-//   offset 12  u32      header size in bytes (32)
-//   offset 16  u64      payload size in bytes
-//   offset 24  u32      CRC-32 (IEEE, as zlib's crc32) of the payload
-//   offset 28  u32      CRC-32 of header bytes 0..27
-//   offset 32  payload: a torch::serialize archive (torch's zip format) with
-//              the model's parameters and buffers, the optimizer's state and
-//              parameter-group options, epoch, step, seed, sampler position,
-//              every rank's default CPU generator state and the extras.
-//
-// Writing: a temporary file in the same directory, write + fsync, rename over
-// the target, fsync of the directory; a crash leaves either the old file or
-// the new one, never a torn one. Reading checks, in order: the file exists and
-// can be read, the header is complete, magic, version, header checksum, that
-// the file holds exactly the payload size, the payload checksum. Any failure
-// is a ContractError naming the file and what is wrong.
+// The file is kolo's checked container (kolo/core/checked_file.h: magic
+// "KOLOCKPT", container version, payload size, CRC-32 of the payload and of
+// the header; written atomically, verified on reading). Its payload is a
+// torch::serialize archive (torch's zip format, key "format" = 1) with the
+// model's parameters and buffers, the optimizer's state and parameter-group
+// options, epoch, step, seed, sampler position, every rank's default CPU
+// generator state and the extras. A missing, truncated or corrupt file is a
+// ContractError naming the file and what is wrong.
 #pragma once
 
 #include <cstddef>
@@ -27,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kolo/core/checked_file.h"  // crc32, the container
 #include "kolo/torch/sampler.h"
 #include "kolo/torch/tensor.h"
 
@@ -79,12 +70,9 @@ CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& mode
 
 // --- The pieces, for single-process use and tests ---------------------------
 
-// CRC-32 (IEEE 802.3 polynomial, reflected; the value zlib's crc32 returns).
-// Continue a running checksum by passing the previous result as `crc`.
-uint32_t crc32(const void* data, size_t size, uint32_t crc = 0);
-
-// Writes header + payload to `path` atomically (see above). ContractError
-// naming the file and the failing system call on any I/O error.
+// write_checked_file / read_checked_file with kCheckpointFile: header +
+// payload to `path` atomically. ContractError naming the file and the failing
+// system call on any I/O error.
 void write_checkpoint_file(const std::string& path, const std::string& payload);
 // Reads and verifies `path`; returns the payload.
 std::string read_checkpoint_file(const std::string& path);
