@@ -3,12 +3,16 @@
 // dimensions, 0x00000801 for labels with one), then the bytes, all gzipped.
 #include "fashion_mnist_data.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <array>
+#include <cerrno>
+#include <cstring>
 #include <memory>
 #include <stdexcept>
-#include <vector>
 
 namespace fashion_mnist {
 
@@ -29,91 +33,104 @@ struct GzCloser {
 };
 using GzFile = std::unique_ptr<gzFile_s, GzCloser>;
 
-GzFile open(const std::string& path) {
-  GzFile file(gzopen(path.c_str(), "rb"));
-  if (!file) fail(path, "cannot be opened (missing or unreadable)");
-  return file;
-}
-
-// Reads exactly `bytes` bytes; anything short is an error naming `what`.
-void read_exactly(gzFile_s* file, const std::string& path, void* out, int64_t bytes,
-                  const std::string& what) {
-  auto* dst = static_cast<char*>(out);
-  while (bytes > 0) {
-    const unsigned chunk = static_cast<unsigned>(std::min<int64_t>(bytes, 1 << 30));
-    const int got = gzread(file, dst, chunk);
+// The whole decompressed contents of `path`. Only a regular file is read: a
+// FIFO or a device could block or never end. Nothing is allocated from the
+// header's claims: the buffer grows with what the file really holds, and the
+// header is checked against that.
+std::string read_file(const std::string& path) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) fail(path, std::string("cannot be opened (") + std::strerror(errno) + ")");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path, "is not a regular file (a FIFO, device or directory); give the gzipped IDX file");
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  GzFile file(gzdopen(fd, "rb"));
+  if (!file) {
+    ::close(fd);
+    fail(path, "cannot be opened (out of memory)");
+  }
+  std::string bytes;
+  std::array<char, 1 << 16> chunk{};
+  for (;;) {
+    const int got = gzread(file.get(), chunk.data(), static_cast<unsigned>(chunk.size()));
     if (got < 0) {
       int code = 0;
-      fail(path, std::string("is corrupt (zlib: ") + gzerror(file, &code) + ")");
+      fail(path, std::string("is truncated or corrupt (zlib: ") + gzerror(file.get(), &code) + ")");
     }
-    if (got == 0) fail(path, "is truncated: it ends inside the " + what);
-    dst += got;
-    bytes -= got;
+    if (got == 0) break;
+    bytes.append(chunk.data(), static_cast<size_t>(got));
   }
+  return bytes;
 }
 
-uint32_t big_endian(const std::array<unsigned char, 4>& b) {
+uint32_t read_u32(const std::string& bytes, size_t offset) {
+  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data()) + offset;
   return (uint32_t{b[0]} << 24) | (uint32_t{b[1]} << 16) | (uint32_t{b[2]} << 8) | uint32_t{b[3]};
 }
 
-uint32_t read_u32(gzFile_s* file, const std::string& path, const std::string& what) {
-  std::array<unsigned char, 4> bytes{};
-  read_exactly(file, path, bytes.data(), 4, what);
-  return big_endian(bytes);
-}
-
-void expect_end(gzFile_s* file, const std::string& path) {
-  char extra = 0;
-  if (gzread(file, &extra, 1) != 0) fail(path, "has bytes after the data its header announces");
-}
-
-torch::Tensor read_images(const std::string& path) {
-  GzFile file = open(path);
-  const uint32_t magic = read_u32(file.get(), path, "header");
-  if (magic != 0x00000803) {
-    fail(path, "is not an IDX image file (magic " + std::to_string(magic) + ", expected 2051)");
+// That the file holds exactly `header` bytes of header and `count` items of
+// `item_bytes` each, as its header announces.
+void check_size(const std::string& path, const std::string& bytes, size_t header, int64_t count,
+                int64_t item_bytes, const std::string& items) {
+  const uint64_t announced = static_cast<uint64_t>(count) * static_cast<uint64_t>(item_bytes);
+  const uint64_t held = bytes.size() - header;
+  if (announced != held) {
+    fail(path, std::string(held < announced ? "is truncated" : "has bytes after its data") +
+                   ": the header announces " + std::to_string(count) + " " + items + " (" +
+                   std::to_string(announced) + " bytes), the file holds " + std::to_string(held));
   }
-  const int64_t count = read_u32(file.get(), path, "header");
-  const int64_t rows = read_u32(file.get(), path, "header");
-  const int64_t cols = read_u32(file.get(), path, "header");
-  if (rows != kRows || cols != kCols) {
-    fail(path,
-         "holds " + std::to_string(rows) + "x" + std::to_string(cols) + " images, expected 28x28");
-  }
-  torch::Tensor images = torch::empty({count, 1, rows, cols}, torch::kUInt8);
-  read_exactly(file.get(), path, images.data_ptr<uint8_t>(), images.numel(), "pixels");
-  expect_end(file.get(), path);
-  return images;
-}
-
-torch::Tensor read_labels(const std::string& path) {
-  GzFile file = open(path);
-  const uint32_t magic = read_u32(file.get(), path, "header");
-  if (magic != 0x00000801) {
-    fail(path, "is not an IDX label file (magic " + std::to_string(magic) + ", expected 2049)");
-  }
-  const int64_t count = read_u32(file.get(), path, "header");
-  std::vector<uint8_t> bytes(static_cast<size_t>(count));
-  read_exactly(file.get(), path, bytes.data(), count, "labels");
-  expect_end(file.get(), path);
-  torch::Tensor labels = torch::empty({count}, torch::kLong);
-  int64_t* out = labels.data_ptr<int64_t>();
-  for (int64_t i = 0; i < count; ++i) {
-    if (bytes[i] >= kClasses) {
-      fail(path, "holds label " + std::to_string(bytes[i]) + " at index " + std::to_string(i) +
-                     ", expected 0..9");
-    }
-    out[i] = bytes[i];
-  }
-  return labels;
 }
 
 }  // namespace
 
+torch::Tensor decode_images(const std::string& bytes, const std::string& path) {
+  if (bytes.size() < 16) fail(path, "is truncated: it ends inside the header");
+  const uint32_t magic = read_u32(bytes, 0);
+  if (magic != 0x00000803) {
+    fail(path, "is not an IDX image file (magic " + std::to_string(magic) + ", expected 2051)");
+  }
+  const int64_t count = read_u32(bytes, 4);
+  const int64_t rows = read_u32(bytes, 8);
+  const int64_t cols = read_u32(bytes, 12);
+  if (rows != kRows || cols != kCols) {
+    fail(path,
+         "holds " + std::to_string(rows) + "x" + std::to_string(cols) + " images, expected 28x28");
+  }
+  check_size(path, bytes, 16, count, rows * cols, "images");
+  torch::Tensor images = torch::empty({count, 1, rows, cols}, torch::kUInt8);
+  std::memcpy(images.data_ptr<uint8_t>(), bytes.data() + 16, static_cast<size_t>(images.numel()));
+  return images;
+}
+
+torch::Tensor decode_labels(const std::string& bytes, const std::string& path) {
+  if (bytes.size() < 8) fail(path, "is truncated: it ends inside the header");
+  const uint32_t magic = read_u32(bytes, 0);
+  if (magic != 0x00000801) {
+    fail(path, "is not an IDX label file (magic " + std::to_string(magic) + ", expected 2049)");
+  }
+  const int64_t count = read_u32(bytes, 4);
+  check_size(path, bytes, 8, count, 1, "labels");
+  torch::Tensor labels = torch::empty({count}, torch::kLong);
+  int64_t* out = labels.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i) {
+    const auto label = static_cast<unsigned char>(bytes[8 + i]);
+    if (label >= kClasses) {
+      fail(path, "holds label " + std::to_string(label) + " at index " + std::to_string(i) +
+                     ", expected 0..9");
+    }
+    out[i] = label;
+  }
+  return labels;
+}
+
 Split load_split(const std::string& dir, const std::string& prefix) {
   const std::string images_path = dir + "/" + prefix + "-images-idx3-ubyte.gz";
   const std::string labels_path = dir + "/" + prefix + "-labels-idx1-ubyte.gz";
-  Split split{read_images(images_path), read_labels(labels_path)};
+  Split split{decode_images(read_file(images_path), images_path),
+              decode_labels(read_file(labels_path), labels_path)};
   if (split.images.size(0) != split.labels.size(0)) {
     fail(labels_path, "holds " + std::to_string(split.labels.size(0)) + " labels but " +
                           images_path + " holds " + std::to_string(split.images.size(0)) +

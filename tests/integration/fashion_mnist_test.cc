@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -204,6 +205,109 @@ TEST_F(FashionMnistExample, TruncatedFileIsAClearErrorNamingIt) {
   fs::remove_all(dir);
 }
 
+// A data directory with Debian's label and test files and `train-images`
+// made by `make` (given its path).
+template <typename Make>
+std::filesystem::path data_dir_with_train_images(const std::string& name, Make make) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("kolo-fashion-mnist-" + name + "-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* file :
+       {"train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
+    fs::copy_file(fs::path(kDataDir) / file, dir / file);
+  }
+  make((dir / "train-images-idx3-ubyte.gz").string());
+  return dir;
+}
+
+// Issue 15: a header announcing 2^31 images made the reader allocate 1.6 TB
+// (an allocator backtrace); the counts are now checked against what the file
+// holds, and the error names the file.
+TEST_F(FashionMnistExample, AHeaderAnnouncingMoreImagesThanTheFileHoldsIsAClearError) {
+  const auto dir = data_dir_with_train_images("huge-header", [](const std::string& path) {
+    // An IDX header (gzip reads a file that is not compressed as it is):
+    // magic 2051, 2^31 images of 28x28, then 10 images.
+    std::string bytes = {0, 0, 8, 3, char(0x80), 0, 0, 0, 0, 0, 0, 28, 0, 0, 0, 28};
+    bytes += std::string(10 * 784, '\0');
+    std::ofstream(path, std::ios::binary) << bytes;
+  });
+  const std::string file = (dir / "train-images-idx3-ubyte.gz").string();
+  RunResult r = run_kolorun({"-np", "1", example_path(), "--data-dir", dir.string()}, seconds(60));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find(file + ": is truncated: the header announces 2147483648 images "
+                              "(1683627180032 bytes), the file holds 7840"),
+            std::string::npos)
+      << r.err;
+  std::filesystem::remove_all(dir);
+}
+
+// Issue 15: a FIFO as a data file made the reader wait forever for a writer.
+TEST_F(FashionMnistExample, AFifoAsADataFileIsRefused) {
+  const auto dir = data_dir_with_train_images(
+      "fifo", [](const std::string& path) { ASSERT_EQ(mkfifo(path.c_str(), 0600), 0); });
+  const std::string file = (dir / "train-images-idx3-ubyte.gz").string();
+  RunResult r = run_kolorun({"-np", "1", example_path(), "--data-dir", dir.string()}, seconds(60));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find(file + ": is not a regular file"), std::string::npos) << r.err;
+  std::filesystem::remove_all(dir);
+}
+
+// Issue 15: --resume of a ZeRO checkpoint without --zero-stage, or of a plain
+// one with it, only said that a file did not exist; now it names the flag.
+TEST_F(FashionMnistExample, ResumingTheOtherKindOfCheckpointNamesTheFlag) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("kolo-fashion-mnist-kind-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "zero");
+  std::ofstream(dir / "zero" / "index.kolo") << "a ZeRO index";
+  const std::vector<std::string> common = {example_path(),      "--train-subset=100",
+                                           "--test-subset=100", "--epochs=1",
+                                           "--resume",          "--checkpoint-dir=" + dir.string()};
+  std::vector<std::string> args = {"-np", "1"};
+  args.insert(args.end(), common.begin(), common.end());
+  RunResult r = run_kolorun(args, seconds(60));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("holds a sharded ZeRO checkpoint"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("resume it with --zero-stage 1, 2 or 3"), std::string::npos) << r.err;
+
+  fs::remove_all(dir / "zero");
+  std::ofstream(dir / "checkpoint.kolo") << "a plain checkpoint";
+  args.push_back("--zero-stage=2");
+  r = run_kolorun(args, seconds(60));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("holds a plain checkpoint"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("resume it without --zero-stage"), std::string::npos) << r.err;
+  fs::remove_all(dir);
+}
+
+// Issue 15: a truncated elastic.commit failed with a libtorch backtrace that
+// named no file; now the error names it (and a damaged one never loads).
+TEST_F(FashionMnistExample, ADamagedElasticCommitIsAnErrorNamingIt) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("kolo-fashion-mnist-commit-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "elastic.commit") << "KOLOCMIT and then nothing";
+  RunResult r = run_kolorun({"-np", "1", example_path(), "--elastic", "--resume",
+                             "--train-subset=100", "--checkpoint-dir=" + dir.string()},
+                            seconds(60));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("kolo elastic commit '" + (dir / "elastic.commit").string() + "'"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("Exception raised from"), std::string::npos) << r.err;
+  fs::remove_all(dir);
+}
+
 // --zero-stage 3 (kolo::ZeroOptimizer: parameters, gradients and Adam state
 // sharded; every layer a ShardedUnit): 2 workers train one epoch and each
 // writes its shard; one worker resumes from them for the second epoch (a
@@ -212,10 +316,9 @@ TEST_F(FashionMnistExample, ZeroStage3TrainsAndResumesAtAnotherWorkerCount) {
   const std::string dir = std::filesystem::temp_directory_path() /
                           ("kolo-fashion-mnist-zero-test-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
-  const std::vector<std::string> flags = {example_path(),       "--zero-stage=3",
-                                          "--train-subset=1000", "--test-subset=300",
-                                          "--batch-size=32",     "--threads=1",
-                                          "--checkpoint-dir=" + dir, "--progress-lines=1"};
+  const std::vector<std::string> flags = {
+      example_path(),    "--zero-stage=3", "--train-subset=1000",     "--test-subset=300",
+      "--batch-size=32", "--threads=1",    "--checkpoint-dir=" + dir, "--progress-lines=1"};
   std::vector<std::string> first = {"-np", "2"};
   first.insert(first.end(), flags.begin(), flags.end());
   first.insert(first.end(), {"--epochs", "1"});
@@ -249,16 +352,16 @@ TEST_F(FashionMnistExample, ZeroStage3TrainsAndResumesAtAnotherWorkerCount) {
 // epoch is left out (1000 / 64 -> 15 steps). The split is whatever the two
 // cores' speeds make it, but it always covers the global batch.
 TEST_F(FashionMnistExample, BalancedBatchesTrainOnTwoWorkers) {
-  RunResult r = run_kolorun({"-np", "2", example_path(), "--balance", "--train-subset=1000",
-                             "--test-subset=300", "--batch-size=32", "--threads=1", "--epochs",
-                             "1", "--progress-lines=1"},
-                            seconds(120));
+  RunResult r = run_kolorun(
+      {"-np", "2", example_path(), "--balance", "--train-subset=1000", "--test-subset=300",
+       "--batch-size=32", "--threads=1", "--epochs", "1", "--progress-lines=1"},
+      seconds(120));
   ASSERT_FALSE(r.timed_out) << r.out << r.err;
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("15/15 ["), std::string::npos) << r.out;
   std::smatch split;
-  ASSERT_TRUE(std::regex_search(r.out, split,
-                                std::regex("Balanced batch per worker: ([0-9]+) ([0-9]+)")))
+  ASSERT_TRUE(
+      std::regex_search(r.out, split, std::regex("Balanced batch per worker: ([0-9]+) ([0-9]+)")))
       << r.out;
   EXPECT_EQ(std::stoi(split[1].str()) + std::stoi(split[2].str()), 64) << r.out;
   const auto accuracy = values_after(r.out, "test accuracy");
