@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "kolo/core/errors.h"
+#include "kolo/torch/layerwise.h"
 #include "zero_state.h"
 
 namespace kolo {
@@ -324,6 +325,13 @@ ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, torch::nn::Modu
     error =
         "the optimizer has state already (it has stepped); construct the ZeroOptimizer before "
         "the first step";
+  }
+  if (error.empty() && dynamic_cast<LayerwiseOptimizer*>(&optimizer) != nullptr) {
+    // Its trust ratios need norms over whole layers, which a rank's slices
+    // do not hold; per-slice norms would be a silently different optimizer.
+    error =
+        "LARS and LAMB (layer-wise trust ratios) are not supported by ZeroOptimizer yet; use "
+        "them with kolo::DistributedOptimizer";
   }
   std::unordered_map<const c10::TensorImpl*, std::string> names;
   for (const auto& item : model.named_parameters()) {

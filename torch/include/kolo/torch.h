@@ -7,6 +7,7 @@
 //   kolo::DistributedOptimizer opt(adam, model->named_parameters());  // kolo/torch/optimizer.h
 //   kolo::ZeroOptimizer zero(adam, *model, {});         // kolo/torch/zero.h (sharded)
 //   kolo::elastic::TorchState state(*model, &adam, n);  // kolo/torch/elastic.h (elastic)
+//   kolo::LAMB lamb(kolo::layerwise_param_groups(...));  // kolo/torch/lamb.h (large batches)
 //
 // See docs/torch.md. Each header can also be included on its own (they are
 // lighter than <torch/torch.h>).
@@ -18,6 +19,9 @@
 #include "kolo/torch/broadcast.h"
 #include "kolo/torch/checkpoint.h"
 #include "kolo/torch/elastic.h"
+#include "kolo/torch/lamb.h"
+#include "kolo/torch/lars.h"
+#include "kolo/torch/layerwise.h"
 #include "kolo/torch/lr.h"
 #include "kolo/torch/metrics.h"
 #include "kolo/torch/optimizer.h"
