@@ -1,20 +1,21 @@
-// DistributedOptimizer (kolo/torch/optimizer.h): gradient hooks that start
-// each allreduce inside backward(), and the step that waits for them.
+// DistributedOptimizer (kolo/torch/optimizer.h): data parallelism as a policy
+// over the gradient pipeline (gradient_pipeline.h).
 #include "kolo/torch/optimizer.h"
 
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
+#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <cmath>
-#include <exception>
+#include <filesystem>
+#include <limits>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
 
 #include "common.h"
+#include "gradient_pipeline.h"
 #include "kolo/core/errors.h"
 
 namespace kolo {
@@ -56,176 +57,151 @@ const char* compression_name(Compression compression) {
   return "?";
 }
 
-// Everything the hooks touch. Owned by the DistributedOptimizer; the hooks
-// hold weak pointers, so a hook that outlives its optimizer does nothing.
-struct DistributedOptimizer::State {
-  struct Slot {
-    std::string name;  // request name: prefix + parameter name
-    torch::Tensor param;
-    // The parameter's AccumulateGrad node. Held so that the same node (and
-    // our hooks on it) serves every backward pass: otherwise it dies with
-    // each step's graph and the next forward creates a new one without hooks.
-    std::shared_ptr<torch::autograd::Node> accumulator;
-    torch::autograd::FunctionPreHook* pre_hook = nullptr;
-    uintptr_t post_hook_key = 0;
+// The DistributedOptimizer's policy over the gradient pipeline
+// (gradient_pipeline.h): buckets laid out by readiness, and each gradient of
+// a launched bucket allreduced as its own request "<prefix><name>" (the
+// engine fuses a bucket's requests into one collective; on shm it reads and
+// writes them in place, so nothing is packed on the way).
+struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
+  explicit Impl(const DistributedOptimizerOptions& o)
+      : options(o), pipeline(pipeline_options(o), *this) {}
 
-    int passes = 0;          // backward passes that produced this gradient since the last sync
-    bool submitted = false;  // its allreduce is running (or finished, not yet waited for)
-    int64_t bytes = 0;       // the gradient's size as sent (numel x element size)
-    TensorHandle handle;
-    torch::Tensor buffer;       // compressed or contiguous staging copy, reused across steps
-    torch::Tensor staged_from;  // the .grad() the buffer was filled from (copied back)
-  };
+  static detail::GradientPipeline::Options pipeline_options(const DistributedOptimizerOptions& o) {
+    detail::GradientPipeline::Options p;
+    p.op = kOp;
+    p.backward_passes_per_step = o.backward_passes_per_step;
+    p.exchange = "allreduce";
+    p.too_many_passes = "Call step() (or synchronize()) after every " +
+                        std::to_string(o.backward_passes_per_step) +
+                        " backward passes, or raise "
+                        "DistributedOptimizerOptions::backward_passes_per_step";
+    p.timeout = o.timeout;
+    return p;
+  }
 
   DistributedOptimizerOptions options;
   Engine* engine = nullptr;
-  TensorOpOptions request;  // every gradient's allreduce options
+  CallOptions call;         // engine, process set, timeout
+  TensorOpOptions request;  // every gradient's allreduce
+  detail::SetPosition position;
+  torch::optim::Optimizer* optimizer = nullptr;  // null: synchronize only
+  torch::nn::Module* model = nullptr;            // null: not given (no checkpoints)
+  detail::GradientPipeline pipeline;
 
-  std::mutex mutex;
-  std::vector<Slot> slots;
-  bool synchronized = false;  // synchronize() ran and no gradient arrived since
-  Stats stats;
-  // The open bucket: gradients complete for this step (k-th pass done), in
-  // the order they became ready, not yet submitted; and their bytes.
-  std::vector<size_t> bucket;
-  int64_t open_bytes = 0;
-  size_t ready = 0;  // slots whose gradient is complete for this step
+  // Per parameter: the copy it is sent in when compressed or not contiguous
+  // (kept across steps), and the .grad() it was filled from (copied back).
+  struct Staging {
+    torch::Tensor buffer;
+    torch::Tensor from;
+  };
+  std::vector<Staging> staging;
 
-  // A new step: no gradient is complete and the bucket is empty.
-  void forget_ready() {
-    bucket.clear();
-    open_bytes = 0;
-    ready = 0;
+  // The layout by readiness: at the first synchronize() every rank submits
+  // rank 0's readiness order (a sum in which the other ranks add zeros)
+  // alongside the gradients, and afterwards lays its buckets out by it.
+  bool layout_requested = false;
+  TensorHandle layout_request;
+
+  // Bytes of parameter i's gradient as sent (after compression).
+  int64_t sent_bytes(int i) const {
+    const torch::Tensor& p = pipeline.params[i].param;
+    return p.numel() * (compresses(options.compression, p.scalar_type())
+                            ? int64_t{2}  // fp16 and bf16
+                            : static_cast<int64_t>(p.element_size()));
   }
 
-  // Pre-accumulate: a gradient that arrives while its allreduce is running
-  // would be added into the buffer the engine is writing. Refuse it before
-  // AccumulateGrad touches .grad().
-  void before_accumulate(size_t index) {
-    std::lock_guard<std::mutex> lock(mutex);
-    const Slot& slot = slots[index];
-    if (slot.passes >= options.backward_passes_per_step) {
-      throw ContractError(
-          std::string(kOp) + ": the gradient of '" + slot.name +
-          "' was computed again after its allreduce was started or queued: more than "
-          "backward_passes_per_step (" +
-          std::to_string(options.backward_passes_per_step) +
-          ") backward passes before step(). Call step() (or synchronize()) after every " +
-          std::to_string(options.backward_passes_per_step) +
-          " backward passes, or raise DistributedOptimizerOptions::backward_passes_per_step");
-    }
-  }
-
-  // Post-accumulate: .grad() now holds this pass's gradient.
-  void after_accumulate(size_t index) {
-    std::lock_guard<std::mutex> lock(mutex);
-    synchronized = false;
-    Slot& slot = slots[index];
-    if (++slot.passes < options.backward_passes_per_step) return;
-    ++ready;
-    bucket.push_back(index);
-    open_bytes += slot.bytes;
-    // Submit the bucket once it holds bucket_bytes, or when this was the
-    // step's last gradient (nothing is left for backward() to overlap with).
-    if (open_bytes < options.bucket_bytes && ready < slots.size()) return;
-    torch::NoGradGuard no_grad;
-    for (size_t i : bucket) submit(slots[i], /*from_hook=*/true);
-    bucket.clear();
-    open_bytes = 0;
-  }
-
-  // Starts the allreduce of slot.param's gradient. Caller holds the mutex.
-  void submit(Slot& slot, bool from_hook) {
-    torch::Tensor grad = slot.param.grad();
-    if (!grad.defined()) {
-      grad = torch::zeros_like(slot.param, at::MemoryFormat::Contiguous);
-      slot.param.mutable_grad() = grad;
-      ++stats.zero_filled;
-    }
-    torch::Tensor target = grad;
-    const bool compress = compresses(options.compression, grad.scalar_type());
-    if (compress || !grad.is_contiguous()) {
-      const c10::ScalarType type =
-          compress ? compressed_type(options.compression) : grad.scalar_type();
-      if (!slot.buffer.defined() || slot.buffer.scalar_type() != type ||
-          slot.buffer.sizes() != grad.sizes()) {
-        slot.buffer = torch::empty(grad.sizes(), torch::TensorOptions().dtype(type));
+  // Buckets along `order` (parameter indices), one dtype each: a bucket
+  // closes once it holds bucket_bytes (so 0 = every gradient alone).
+  std::vector<std::vector<int>> layout_along(const std::vector<int>& order) const {
+    std::vector<std::vector<int>> closed;
+    std::vector<std::pair<c10::ScalarType, std::pair<std::vector<int>, int64_t>>> open;
+    for (int i : order) {
+      const c10::ScalarType type = pipeline.params[i].param.scalar_type();
+      auto it =
+          std::find_if(open.begin(), open.end(), [&](const auto& o) { return o.first == type; });
+      if (it == open.end()) it = open.insert(open.end(), {type, {{}, 0}});
+      auto& [members, bytes] = it->second;
+      members.push_back(i);
+      bytes += sent_bytes(i);
+      if (bytes >= options.bucket_bytes) {
+        closed.push_back(std::move(members));
+        open.erase(it);
       }
-      slot.buffer.copy_(grad);
-      slot.staged_from = grad;
-      target = slot.buffer;
     }
-    slot.handle = allreduce_async_(target, slot.name, request);
-    slot.submitted = true;
-    ++(from_hook ? stats.hook_submissions : stats.step_submissions);
+    for (auto& o : open) closed.push_back(std::move(o.second.first));
+    return closed;
+  }
+
+  // Reverse parameter order: roughly the order backward() produces them.
+  std::vector<int> reverse_order() const {
+    std::vector<int> order(pipeline.params.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(order.size() - 1 - i);
+    return order;
+  }
+
+  void launch(int b, bool /*in_backward*/) override {
+    for (int i : pipeline.buckets[b].params) {
+      torch::Tensor grad = pipeline.gradient_or_zeros(i, /*store=*/true);
+      torch::Tensor target = grad;
+      const bool compress = compresses(options.compression, grad.scalar_type());
+      if (compress || !grad.is_contiguous()) {
+        Staging& s = staging[i];
+        const c10::ScalarType type =
+            compress ? compressed_type(options.compression) : grad.scalar_type();
+        if (!s.buffer.defined() || s.buffer.scalar_type() != type ||
+            s.buffer.sizes() != grad.sizes()) {
+          s.buffer = torch::empty(grad.sizes(), torch::TensorOptions().dtype(type));
+        }
+        s.buffer.copy_(grad);
+        s.from = grad;
+        target = s.buffer;
+      }
+      TensorHandle handle = allreduce_async_(target, pipeline.params[i].name, request);
+      pipeline.buckets[b].work.push_back(handle.handle());
+    }
+  }
+
+  void finished(int b, bool ok) override {
+    for (int i : pipeline.buckets[b].params) {
+      Staging& s = staging[i];
+      if (ok && s.from.defined()) s.from.copy_(s.buffer);
+      s.from = torch::Tensor();
+    }
   }
 
   void synchronize() {
-    torch::NoGradGuard no_grad;
-    std::lock_guard<std::mutex> lock(mutex);
-    std::exception_ptr error;
-    // Same order on every rank; the engine orders execution anyway.
-    for (Slot& slot : slots) {
-      if (slot.submitted) continue;
-      try {
-        submit(slot, /*from_hook=*/false);
-      } catch (...) {
-        if (!error) error = std::current_exception();
+    if (!layout_requested) {
+      layout_requested = true;
+      // Position + 1 of each parameter in rank 0's order; 0 = not ready there.
+      torch::Tensor positions =
+          torch::zeros({static_cast<int64_t>(pipeline.params.size())}, torch::kLong);
+      if (position.rank == 0) {
+        const std::vector<int> order = pipeline.order();
+        for (size_t k = 0; k < order.size(); ++k) positions[order[k]] = static_cast<int64_t>(k + 1);
       }
+      TensorOpOptions sum = request;
+      sum.op = ReduceOp::kSum;
+      sum.prescale = sum.postscale = 1.0;
+      layout_request = allreduce_async_(positions, options.name_prefix + "layout", sum);
     }
-    for (Slot& slot : slots) {
-      if (!slot.submitted) continue;
-      try {
-        slot.handle.wait(options.timeout);
-      } catch (...) {
-        if (!error) error = std::current_exception();
-      }
+    pipeline.finish(std::numeric_limits<size_t>::max());
+    if (layout_request.valid()) {
+      const torch::Tensor positions = layout_request.wait(options.timeout);
+      layout_request = TensorHandle();
+      const int64_t* at = positions.data_ptr<int64_t>();
+      std::vector<int> order = reverse_order();
+      std::stable_sort(order.begin(), order.end(), [&](int x, int y) {
+        // Ready on rank 0 first, in its order; the rest as before.
+        const int64_t px = at[x] > 0 ? at[x] : std::numeric_limits<int64_t>::max();
+        const int64_t py = at[y] > 0 ? at[y] : std::numeric_limits<int64_t>::max();
+        return px < py;
+      });
+      pipeline.set_layout(layout_along(order));
     }
-    for (Slot& slot : slots) {
-      if (!error && slot.staged_from.defined()) slot.staged_from.copy_(slot.buffer);
-      slot.staged_from = torch::Tensor();
-      slot.handle = TensorHandle();
-      slot.submitted = false;
-      slot.passes = 0;
-    }
-    forget_ready();
-    if (error) std::rethrow_exception(error);
-    synchronized = true;
-    ++stats.steps;
   }
 };
 
 namespace {
-
-using torch::autograd::variable_list;
-
-class BeforeAccumulateHook : public torch::autograd::FunctionPreHook {
- public:
-  BeforeAccumulateHook(std::weak_ptr<DistributedOptimizer::State> state, size_t index)
-      : state_(std::move(state)), index_(index) {}
-  variable_list operator()(const variable_list& grads) override {
-    if (auto state = state_.lock()) state->before_accumulate(index_);
-    return grads;
-  }
-
- private:
-  std::weak_ptr<DistributedOptimizer::State> state_;
-  size_t index_;
-};
-
-class AfterAccumulateHook : public torch::autograd::FunctionPostHook {
- public:
-  AfterAccumulateHook(std::weak_ptr<DistributedOptimizer::State> state, size_t index)
-      : state_(std::move(state)), index_(index) {}
-  variable_list operator()(const variable_list& outputs, const variable_list& /*inputs*/) override {
-    if (auto state = state_.lock()) state->after_accumulate(index_);
-    return outputs;
-  }
-
- private:
-  std::weak_ptr<DistributedOptimizer::State> state_;
-  size_t index_;
-};
 
 // Local validity of the options ("" = fine).
 std::string check_options(const DistributedOptimizerOptions& o) {
@@ -292,23 +268,45 @@ DistributedOptimizer::DistributedOptimizer(torch::optim::Optimizer& optimizer,
                                            const DistributedOptimizerOptions& options)
     : DistributedOptimizer(optimizer, index_names(optimizer), options) {}
 
+DistributedOptimizer::DistributedOptimizer(torch::optim::Optimizer& optimizer,
+                                           torch::nn::Module& model,
+                                           const DistributedOptimizerOptions& options)
+    : DistributedOptimizer(optimizer, to_vector(model.named_parameters()), options) {
+  impl_->model = &model;
+}
+
+DistributedOptimizer::DistributedOptimizer(
+    const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
+    const DistributedOptimizerOptions& options)
+    : impl_(std::make_shared<Impl>(options)) {
+  std::string error;
+  std::unordered_map<const c10::TensorImpl*, int> seen;
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (size_t j = 0; j < named_parameters.size() && error.empty(); ++j) {
+    const auto& [name, p] = named_parameters[j];
+    const std::string where = "parameter " + std::to_string(j) + " ('" + name + "')";
+    if (!p.defined()) {
+      error = where + " is an undefined tensor";
+    } else if (!seen.emplace(p.unsafeGetTensorImpl(), 0).second) {
+      error = where + " appears twice";
+    } else if (p.requires_grad() && !p.is_leaf()) {
+      error = where + " is not a leaf tensor (it was computed from other tensors)";
+    } else {
+      params.emplace_back(name, p);
+    }
+  }
+  build(params, error);
+}
+
 DistributedOptimizer::DistributedOptimizer(
     torch::optim::Optimizer& optimizer,
     const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
     const DistributedOptimizerOptions& options)
-    : optimizer_(optimizer), state_(std::make_shared<State>()) {
-  State& state = *state_;
-  state.options = options;
-  CallOptions call;
-  call.engine = options.engine;
-  call.process_set = options.process_set;
-  call.timeout = options.timeout;
-  state.engine = &engine_of(call);
-  call.engine = state.engine;
-
+    : impl_(std::make_shared<Impl>(options)) {
+  impl_->optimizer = &optimizer;
   // Every optimizer parameter, named; problems are collected, not thrown, so
-  // that every rank still takes part in the check below.
-  std::string error = check_options(options);
+  // that every rank still takes part in the check in build().
+  std::string error;
   std::unordered_map<const c10::TensorImpl*, std::string> names;
   for (const auto& [name, tensor] : named_parameters) {
     if (tensor.defined()) names.emplace(tensor.unsafeGetTensorImpl(), name);
@@ -342,6 +340,19 @@ DistributedOptimizer::DistributedOptimizer(
       params.emplace_back(it->second, p);
     }
   }
+  build(params, error);
+}
+
+void DistributedOptimizer::build(const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                                 std::string error) {
+  Impl& impl = *impl_;
+  const DistributedOptimizerOptions& options = impl.options;
+  impl.call.engine = options.engine;
+  impl.call.process_set = options.process_set;
+  impl.call.timeout = options.timeout;
+  impl.engine = &engine_of(impl.call);
+  impl.call.engine = impl.engine;
+  if (error.empty()) error = check_options(options);
 
   // Compare with rank 0 of the set: names, dtypes, shapes, requires_grad and
   // options, so that a difference is an error everywhere rather than a stall
@@ -354,123 +365,128 @@ DistributedOptimizer::DistributedOptimizer(
   }
   const std::string mine = options_manifest(options) + detail::tensor_manifest(described);
   const std::string check_name = "DistributedOptimizer[" + options.name_prefix + "]";
-  const detail::SetPosition position =
-      detail::set_position(*state.engine, options.process_set, check_name, call);
-  const std::string roots = detail::broadcast_from_root([&] { return mine; }, /*root=*/0, position,
-                                                        check_name + ".manifest", call);
+  impl.position = detail::set_position(*impl.engine, options.process_set, check_name, impl.call);
+  const std::string roots = detail::broadcast_from_root(
+      [&] { return mine; }, /*root=*/0, impl.position, check_name + ".manifest", impl.call);
   if (error.empty()) {
     error = detail::manifest_difference(roots, mine);
     if (!error.empty()) error = "differs from rank 0 of the process set: " + error;
   }
-  detail::agree_on_outcome(error, kOp, check_name + ".check", call);
+  detail::agree_on_outcome(error, kOp, check_name + ".check", impl.call);
 
   const int k = options.backward_passes_per_step;
-  state.request.engine = state.engine;
-  state.request.process_set = options.process_set;
-  state.request.timeout = options.timeout;
-  state.request.op = options.op;
+  static_cast<CallOptions&>(impl.request) = impl.call;
+  impl.request.op = options.op;
   if (options.op == ReduceOp::kAverage) {
-    state.request.prescale = 1.0 / (options.gradient_predivide_factor * k);
-    state.request.postscale = options.gradient_predivide_factor;
+    impl.request.prescale = 1.0 / (options.gradient_predivide_factor * k);
+    impl.request.postscale = options.gradient_predivide_factor;
   } else {
-    state.request.prescale = 1.0 / k;
+    impl.request.prescale = 1.0 / k;
   }
 
+  // Parameters with requires_grad == false are skipped on every rank.
   for (const auto& [name, p] : params) {
-    if (!p.requires_grad()) continue;
-    State::Slot slot;
-    slot.name = options.name_prefix + name;
-    slot.param = p;
-    slot.accumulator = torch::autograd::impl::grad_accumulator(p);
-    slot.bytes = p.numel() * (compresses(options.compression, p.scalar_type())
-                                  ? int64_t{2}  // fp16 and bf16
-                                  : static_cast<int64_t>(p.element_size()));
-    state.slots.push_back(std::move(slot));
+    if (p.requires_grad()) impl.pipeline.add(options.name_prefix + name, p);
   }
-  std::weak_ptr<State> weak = state_;
-  for (size_t i = 0; i < state.slots.size(); ++i) {
-    State::Slot& slot = state.slots[i];
-    auto pre = std::make_unique<BeforeAccumulateHook>(weak, i);
-    slot.pre_hook = pre.get();
-    slot.accumulator->add_pre_hook(std::move(pre));
-    slot.post_hook_key =
-        slot.accumulator->add_post_hook(std::make_unique<AfterAccumulateHook>(weak, i));
-  }
+  impl.staging.resize(impl.pipeline.params.size());
+  impl.pipeline.set_layout(impl.layout_along(impl.reverse_order()));
+  impl.pipeline.install_hooks(std::shared_ptr<detail::GradientPipeline>(impl_, &impl.pipeline));
 }
 
-DistributedOptimizer::~DistributedOptimizer() {
-  for (State::Slot& slot : state_->slots) {
-    slot.accumulator->del_post_hook(slot.post_hook_key);
-    auto& pre_hooks = slot.accumulator->pre_hooks();
-    for (auto it = pre_hooks.begin(); it != pre_hooks.end(); ++it) {
-      if (it->get() == slot.pre_hook) {
-        pre_hooks.erase(it);
-        break;
-      }
-    }
-  }
-}
+DistributedOptimizer::~DistributedOptimizer() { impl_->pipeline.remove_hooks(); }
 
 torch::Tensor DistributedOptimizer::step() {
-  bool synchronized;
-  {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    synchronized = state_->synchronized;
+  if (impl_->optimizer == nullptr) {
+    throw ContractError(std::string(kOp) +
+                        "::step: this DistributedOptimizer was built without a "
+                        "torch::optim::Optimizer (synchronize only); call synchronize(), then "
+                        "step your optimizer");
   }
-  if (!synchronized) state_->synchronize();
-  {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    state_->synchronized = false;
-  }
-  return optimizer_.step();
+  if (!impl_->pipeline.exchanged()) impl_->synchronize();
+  impl_->pipeline.clear_exchanged();
+  return impl_->optimizer->step();
 }
 
-void DistributedOptimizer::synchronize() { state_->synchronize(); }
+void DistributedOptimizer::synchronize() { impl_->synchronize(); }
 
 void DistributedOptimizer::zero_grad() {
-  {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    for (const State::Slot& slot : state_->slots) {
-      if (slot.submitted) {
-        throw ContractError(std::string(kOp) +
-                            "::zero_grad: called after backward() started the allreduce of '" +
-                            slot.name +
-                            "' but before step() or synchronize() waited for it (the allreduce "
-                            "still writes into the gradient); call step() or synchronize() "
-                            "first");
-      }
-    }
-    // A gradient completed for this step but still queued in the open bucket
-    // (a parameter unused on this rank keeps the bucket open until step()).
-    // Refused like a running allreduce: whether a gradient has left its
-    // bucket depends on bucket_bytes and on which parameters this rank used,
-    // so allowing it would make zero_grad() fail on some ranks and not others.
-    if (!state_->bucket.empty()) {
-      throw ContractError(std::string(kOp) +
-                          "::zero_grad: called after backward() completed the gradient of '" +
-                          state_->slots[state_->bucket.front()].name +
-                          "' (queued in a bucket for its allreduce) but before step() or "
-                          "synchronize(); call step() or synchronize() first");
-    }
-    for (State::Slot& slot : state_->slots) slot.passes = 0;
-    state_->forget_ready();
-    state_->synchronized = false;
+  impl_->pipeline.restart("zero_grad");
+  if (impl_->optimizer != nullptr) {
+    impl_->optimizer->zero_grad();
+    return;
   }
-  optimizer_.zero_grad();
+  // As torch::optim::Optimizer::zero_grad() in libtorch 1.13.
+  for (detail::GradParam& p : impl_->pipeline.params) {
+    torch::Tensor& grad = p.param.mutable_grad();
+    if (grad.defined()) {
+      grad = grad.detach();
+      grad.zero_();
+    }
+  }
 }
 
-const DistributedOptimizerOptions& DistributedOptimizer::options() const { return state_->options; }
+torch::optim::Optimizer& DistributedOptimizer::optimizer() {
+  if (impl_->optimizer == nullptr) {
+    throw ContractError(std::string(kOp) +
+                        "::optimizer: this DistributedOptimizer was built without a "
+                        "torch::optim::Optimizer (synchronize only)");
+  }
+  return *impl_->optimizer;
+}
+
+int DistributedOptimizer::rank() const { return impl_->position.rank; }
+int DistributedOptimizer::world_size() const { return impl_->position.size; }
+
+const DistributedOptimizerOptions& DistributedOptimizer::options() const { return impl_->options; }
 
 std::vector<std::string> DistributedOptimizer::gradient_names() const {
   std::vector<std::string> names;
-  names.reserve(state_->slots.size());
-  for (const State::Slot& slot : state_->slots) names.push_back(slot.name);
+  names.reserve(impl_->pipeline.params.size());
+  for (const detail::GradParam& p : impl_->pipeline.params) names.push_back(p.name);
   return names;
 }
 
+std::vector<std::vector<std::string>> DistributedOptimizer::buckets() const {
+  std::lock_guard<std::mutex> lock(impl_->pipeline.mutex);
+  std::vector<std::vector<std::string>> out;
+  for (const detail::GradBucket& bucket : impl_->pipeline.buckets) {
+    out.emplace_back();
+    for (int i : bucket.params) out.back().push_back(impl_->pipeline.params[i].name);
+  }
+  return out;
+}
+
 DistributedOptimizer::Stats DistributedOptimizer::stats() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->stats;
+  const detail::PipelineStats s = impl_->pipeline.stats();
+  Stats out;
+  out.steps = s.exchanges;
+  out.hook_submissions = s.hook_launched;
+  out.step_submissions = s.finish_launched;
+  out.zero_filled = s.zero_filled;
+  return out;
+}
+
+void DistributedOptimizer::save(const std::string& dir, const CheckpointState& state) {
+  if (impl_->model == nullptr || impl_->optimizer == nullptr) {
+    throw ContractError(std::string(kOp) +
+                        ": kolo::save_checkpoint needs the model and the optimizer; construct "
+                        "the DistributedOptimizer from (optimizer, model, options)");
+  }
+  CheckpointOptions o;
+  static_cast<CallOptions&>(o) = impl_->call;
+  if (impl_->position.rank == 0) std::filesystem::create_directories(dir);
+  save_checkpoint(dir + "/checkpoint.kolo", *impl_->model, impl_->optimizer, state, o);
+}
+
+CheckpointState DistributedOptimizer::load(const std::string& dir) {
+  if (impl_->model == nullptr || impl_->optimizer == nullptr) {
+    throw ContractError(std::string(kOp) +
+                        ": kolo::load_checkpoint needs the model and the optimizer; construct "
+                        "the DistributedOptimizer from (optimizer, model, options)");
+  }
+  CheckpointOptions o;
+  static_cast<CallOptions&>(o) = impl_->call;
+  return load_checkpoint(dir + "/checkpoint.kolo", *impl_->model, impl_->optimizer, o);
 }
 
 }  // namespace kolo

@@ -350,8 +350,8 @@ void save_zero_checkpoint(const std::string& dir, ZeroOptimizer& optimizer,
   std::string error;
   {
     std::lock_guard<std::mutex> lock(state.mutex);
-    for (const ZeroBucket& b : state.buckets) {
-      if (b.submitted) {
+    for (const detail::GradBucket& b : state.pipeline.buckets) {
+      if (b.launched) {
         error = "bucket '" + b.name +
                 "' is being reduce-scattered (backward ran without step()); save after step()";
       }
@@ -503,6 +503,14 @@ CheckpointState load_zero_model(const std::string& dir, torch::nn::Module& model
     target->copy_(value);
   }
   return full.index.state;
+}
+
+void ZeroOptimizer::save(const std::string& dir, const CheckpointState& state) {
+  save_zero_checkpoint(dir, *this, state);
+}
+
+CheckpointState ZeroOptimizer::load(const std::string& dir) {
+  return load_zero_checkpoint(dir, *this);
 }
 
 }  // namespace kolo

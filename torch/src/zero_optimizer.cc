@@ -4,8 +4,8 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/optim/optimizer.h>
 
-#include <deque>
-#include <exception>
+#include <algorithm>
+#include <limits>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -24,22 +24,6 @@ using detail::ZeroBucket;
 using detail::ZeroParam;
 using detail::ZeroState;
 
-class AfterAccumulateHook : public torch::autograd::FunctionPostHook {
- public:
-  AfterAccumulateHook(std::weak_ptr<ZeroState> state, size_t index)
-      : state_(std::move(state)), index_(index) {}
-  torch::autograd::variable_list operator()(
-      const torch::autograd::variable_list& outputs,
-      const torch::autograd::variable_list& /*inputs*/) override {
-    if (auto state = state_.lock()) state->after_accumulate(index_);
-    return outputs;
-  }
-
- private:
-  std::weak_ptr<ZeroState> state_;
-  size_t index_;
-};
-
 bool supported_dtype(c10::ScalarType t) {
   return t == torch::kFloat || t == torch::kDouble || t == torch::kHalf || t == torch::kBFloat16;
 }
@@ -48,27 +32,42 @@ bool supported_dtype(c10::ScalarType t) {
 
 namespace detail {
 
-void ZeroState::after_accumulate(size_t index) {
-  torch::NoGradGuard no_grad;
-  std::lock_guard<std::mutex> lock(mutex);
-  ZeroParam& p = params[index];
-  ZeroBucket& bucket = buckets[p.bucket];
-  if (bucket.submitted) {
-    throw ContractError(std::string(kOp) + ": the gradient of '" + p.name +
-                        "' was computed again after its bucket's reduce-scatter started (two "
-                        "backward passes without step()); ZeroOptimizer does not accumulate "
-                        "gradients locally: call step() after every backward pass");
+ZeroState::ZeroState(const ZeroOptions& o) : options(o), pipeline(pipeline_options(o), *this) {}
+
+GradientPipeline::Options ZeroState::pipeline_options(const ZeroOptions& o) {
+  GradientPipeline::Options p;
+  p.op = kOp;
+  p.backward_passes_per_step = o.backward_passes_per_step;
+  p.exchange = "reduce-scatter";
+  p.too_many_passes = "Call step() (or synchronize()) after every " +
+                      std::to_string(o.backward_passes_per_step) +
+                      " backward passes, or raise ZeroOptions::backward_passes_per_step";
+  // Stage 1 reduces everything at step(), in place (docs/zero.md).
+  p.launch_in_backward = o.stage >= 2;
+  p.timeout = o.timeout;
+  return p;
+}
+
+void ZeroState::launch(int b, bool in_backward) {
+  if (in_backward) {
+    // Stage 3: the unit's backward is done (the last AccumulateGrad of its
+    // parameters ran); its parameters go before its gradients are packed.
+    if (buckets[b].unit >= 0 && !pinned) release(b);
+    // A bucket's full gradient (its packed copy, or the .grad() of a
+    // one-parameter bucket) is needed only until its reduce-scatter
+    // finished: wait for the others before packing this one, so that while
+    // autograd computes the next gradient only this bucket is in flight and
+    // stages 2 and 3 peak at 4/N + two buckets of gradients, not a full
+    // gradient. Waiting inside backward is safe because every rank hands the
+    // buckets over in the same order (its backward runs the same graph;
+    // stage 3 relies on it for its gathers too).
+    pipeline.wait_for_others(b);
   }
-  if (p.ready) return;
-  p.ready = true;
-  if (++bucket.ready < static_cast<int>(bucket.params.size())) return;
-  // Stage 3: the unit's backward is done (the last AccumulateGrad of its
-  // parameters ran); its parameters go before its gradients are packed.
-  if (bucket.unit >= 0 && !pinned) release(p.bucket);
-  reap_reductions(&bucket);
-  submit_reduce(bucket);
+  submit_reduce(b);
   sample();
 }
+
+void ZeroState::finished(int b, bool /*ok*/) { buckets[b].full_grad = torch::Tensor(); }
 
 // Caller holds the mutex. Starts the reduce-scatter of the bucket's
 // gradients (zeros where a parameter has none) into this rank's slice.
@@ -77,28 +76,19 @@ void ZeroState::after_accumulate(size_t index) {
 // backward make new ones). Stages 2 and 3: packed into full_grad (or, for a
 // bucket of one parameter, from its gradient as it is), the parameters'
 // .grad() released.
-void ZeroState::submit_reduce(ZeroBucket& bucket) {
+void ZeroState::submit_reduce(int b) {
   torch::NoGradGuard no_grad;
+  ZeroBucket& bucket = buckets[b];
   const std::string name = request_name("reduce", bucket);
-  if (bucket.flat_grad.defined()) {
-    for (int index : bucket.params) {
-      ZeroParam& p = params[index];
-      torch::Tensor slot = slot_of(bucket.flat_grad, p);
-      const torch::Tensor& grad = p.param.grad();
-      if (occupies(grad, slot)) continue;
-      if (grad.defined()) {
-        slot.copy_(grad);
-      } else {
-        slot.zero_();
-      }
-      p.param.mutable_grad() = slot;
-    }
-    bucket.submitted = true;
-    bucket.submitted_seq = ++submissions;
+  auto start = [&](const torch::Tensor& in) {
     // Communicator contract: out == in is the in-place reduce-scatter, the
     // result written over the first shard_numel elements.
-    bucket.reduce = engine->reducescatter_async(name, tensor_view(bucket.flat_grad, kOp, name),
-                                                tensor_view(bucket.grad_shard, kOp, name), request);
+    pipeline.buckets[b].work.push_back(engine->reducescatter_async(
+        name, tensor_view(in, kOp, name), tensor_view(bucket.grad_shard, kOp, name), request));
+  };
+  if (bucket.flat_grad.defined()) {
+    pipeline.pack(b, bucket.flat_grad, AfterPack::kView);
+    start(bucket.flat_grad);
     return;
   }
   if (bucket.params.size() == 1) {
@@ -109,110 +99,22 @@ void ZeroState::submit_reduce(ZeroBucket& bucket) {
     if (grad.defined() && grad.is_contiguous()) {
       bucket.full_grad = grad.view({-1});
       p.param.mutable_grad() = torch::Tensor();
-      bucket.submitted = true;
-      bucket.submitted_seq = ++submissions;
-      bucket.reduce =
-          engine->reducescatter_async(name, tensor_view(bucket.full_grad, kOp, name),
-                                      tensor_view(bucket.grad_shard, kOp, name), request);
+      start(bucket.full_grad);
       return;
     }
   }
   bucket.full_grad = torch::empty({bucket.numel}, torch::TensorOptions().dtype(bucket.dtype));
-  for (int index : bucket.params) {
-    ZeroParam& p = params[index];
-    torch::Tensor target = bucket.full_grad.narrow(0, p.offset, p.numel);
-    const torch::Tensor& grad = p.param.grad();
-    if (grad.defined()) {
-      target.copy_(grad.reshape({-1}));
-    } else {
-      target.zero_();
-    }
-    p.param.mutable_grad() = torch::Tensor();
-  }
-  bucket.submitted = true;
-  bucket.submitted_seq = ++submissions;
-  bucket.reduce = engine->reducescatter_async(name, tensor_view(bucket.full_grad, kOp, name),
-                                              tensor_view(bucket.grad_shard, kOp, name), request);
+  pipeline.pack(b, bucket.full_grad, AfterPack::kRelease);
+  start(bucket.full_grad);
 }
 
-// Caller holds the mutex. A bucket's full gradient (its packed copy, or the
-// .grad() of a one-parameter bucket) is needed only until its reduce-scatter
-// finished. Without freeing it then, backward would hold every bucket's full
-// gradient until step(). Inside backward (`keep` = the bucket about to be
-// handed to the engine) it also waits for the others: a bucket is packed
-// with no other in flight, and while autograd computes the next gradient
-// only that bucket is, so stages 2 and 3 peak at 4/N + two buckets of
-// gradients, not a full gradient. Waiting in
-// the hook is safe because every rank hands the buckets over in the same
-// order (its backward runs the same graph; stage 3 relies on it for its
-// gathers too). The handle stays, for step() to collect an error.
-void ZeroState::reap_reductions(const ZeroBucket* keep) {
-  for (;;) {
-    ZeroBucket* oldest = nullptr;
-    for (ZeroBucket& bucket : buckets) {
-      if (!bucket.full_grad.defined() || !bucket.reduce.valid()) continue;
-      if (bucket.reduce.poll()) {
-        bucket.full_grad = torch::Tensor();
-      } else if (&bucket != keep &&
-                 (oldest == nullptr || bucket.submitted_seq < oldest->submitted_seq)) {
-        oldest = &bucket;
-      }
-    }
-    if (keep == nullptr || oldest == nullptr) return;
-    try {
-      oldest->reduce.wait(options.timeout);
-    } catch (...) {
-      // step() rethrows it; the buffer is free only once the request finished.
-      if (!oldest->reduce.poll()) return;
-    }
-  }
-}
-
+// Buckets backward submitted first; then the rest, last bucket first (the
+// order backward would have produced them). Stage 1 reduces in place, so all
+// of them run at once; stages 2 and 3 pack a copy of each, so at most two
+// are in flight (not a second full gradient).
 void ZeroState::finish_reductions() {
-  std::unique_lock<std::mutex> lock(mutex);
-  std::exception_ptr error;
-  std::deque<ZeroBucket*> running;
-  auto finish_one = [&](ZeroBucket& bucket) {
-    try {
-      if (bucket.reduce.valid()) bucket.reduce.wait(options.timeout);
-    } catch (...) {
-      if (!error) error = std::current_exception();
-    }
-    bucket.full_grad = torch::Tensor();
-    bucket.reduce = Handle();
-    bucket.submitted = false;
-    bucket.ready = 0;
-    for (int index : bucket.params) params[index].ready = false;
-  };
-  // Buckets backward submitted first; then the rest, last bucket first (the
-  // order backward would have produced them). Stage 1 reduces in place, so
-  // all of them run at once; stages 2 and 3 pack a copy of each, so at most
-  // two are in flight (not a second full gradient).
-  const size_t in_flight = options.stage == 1 ? buckets.size() : 2;
-  for (ZeroBucket& bucket : buckets) {
-    if (bucket.submitted) running.push_back(&bucket);
-  }
-  for (auto it = buckets.rbegin(); it != buckets.rend(); ++it) {
-    if (it->submitted) continue;
-    try {
-      submit_reduce(*it);
-      running.push_back(&*it);
-    } catch (...) {
-      if (!error) error = std::current_exception();
-      continue;
-    }
-    sample();
-    while (running.size() > in_flight) {
-      finish_one(*running.front());
-      running.pop_front();
-    }
-  }
+  pipeline.finish(options.stage == 1 ? std::numeric_limits<size_t>::max() : 2);
   sample();
-  while (!running.empty()) {
-    finish_one(*running.front());
-    running.pop_front();
-  }
-  if (error) std::rethrow_exception(error);
 }
 
 void ZeroState::adopt_params() {
@@ -298,6 +200,9 @@ std::string check_options(const ZeroOptions& o) {
           << "; use 1, 2 or 3 (stage 0, plain data parallelism, is kolo::DistributedOptimizer)";
   } else if (o.bucket_bytes <= 0) {
     error << "options.bucket_bytes is " << o.bucket_bytes << "; it must be > 0";
+  } else if (o.backward_passes_per_step < 1) {
+    error << "options.backward_passes_per_step is " << o.backward_passes_per_step
+          << "; it must be at least 1";
   }
   return error.str();
 }
@@ -306,9 +211,8 @@ std::string check_options(const ZeroOptions& o) {
 
 ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, torch::nn::Module& model,
                              const ZeroOptions& options)
-    : optimizer_(optimizer), model_(model), state_(std::make_shared<ZeroState>()) {
+    : optimizer_(optimizer), model_(model), state_(std::make_shared<ZeroState>(options)) {
   ZeroState& state = *state_;
-  state.options = options;
   state.optimizer = &optimizer;
   state.model = &model;
   state.call.engine = options.engine;
@@ -317,6 +221,7 @@ ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, torch::nn::Modu
   state.engine = &engine_of(state.call);
   state.call.engine = state.engine;
   state.request.op = ReduceOp::kAverage;
+  state.request.prescale = 1.0 / std::max(1, options.backward_passes_per_step);
   state.request.process_set = options.process_set;
 
   // Local checks; the outcome is agreed on below so every rank fails together.
@@ -359,12 +264,7 @@ ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, torch::nn::Modu
                 std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() +
                 "; ZeroOptimizer shards float32, float64, float16 and bfloat16 CPU parameters";
       } else {
-        ZeroParam zp;
-        zp.name = it->second;
-        zp.param = p;
-        zp.group = static_cast<int>(g);
-        zp.numel = p.numel();
-        state.params.push_back(std::move(zp));
+        state.pipeline.add(it->second, p, static_cast<int>(g));
       }
     }
   }
@@ -415,6 +315,7 @@ ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, torch::nn::Modu
   }
   std::ostringstream manifest;
   manifest << "options stage=" << options.stage << " bucket_bytes=" << options.bucket_bytes
+           << " backward_passes_per_step=" << options.backward_passes_per_step
            << " units=" << units.size() << "\n"
            << detail::tensor_manifest(described);
   const std::string mine = manifest.str();
@@ -434,33 +335,25 @@ ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, torch::nn::Modu
   state.build(units);
   std::weak_ptr<ZeroState> weak = state_;
   for (size_t b = 0; b < state.units.size(); ++b) state.units[b]->attach(weak, static_cast<int>(b));
-  if (options.stage >= 2) {
-    for (size_t i = 0; i < state.params.size(); ++i) {
-      ZeroParam& p = state.params[i];
-      p.accumulator = torch::autograd::impl::grad_accumulator(p.param);
-      p.post_hook_key =
-          p.accumulator->add_post_hook(std::make_unique<AfterAccumulateHook>(weak, i));
-      p.hooked = true;
-    }
-  }
+  state.pipeline.install_hooks(std::shared_ptr<detail::GradientPipeline>(state_, &state.pipeline));
   state.sample();
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
   ZeroState& state = *state_;
-  for (ZeroParam& p : state.params) {
-    if (p.hooked) p.accumulator->del_post_hook(p.post_hook_key);
-  }
+  state.pipeline.remove_hooks();
   // Requests still running write into our buffers: wait for them (the engine
   // fails them if a peer is gone, so this ends).
-  for (ZeroBucket& bucket : state.buckets) {
-    for (Handle* h : {&bucket.reduce, &bucket.gather}) {
-      try {
-        if (h->valid()) h->wait(state.options.timeout);
-      } catch (...) {
-      }
+  auto wait = [&](const Handle& h) {
+    try {
+      if (h.valid()) h.wait(state.options.timeout);
+    } catch (...) {
     }
+  };
+  for (const detail::GradBucket& bucket : state.pipeline.buckets) {
+    for (const Handle& h : bucket.work) wait(h);
   }
+  for (const ZeroBucket& bucket : state.buckets) wait(bucket.gather);
   torch::NoGradGuard no_grad;
   for (size_t b = 0; b < state.buckets.size(); ++b) {
     ZeroBucket& bucket = state.buckets[b];
@@ -478,30 +371,33 @@ ZeroOptimizer::~ZeroOptimizer() {
   }
 }
 
-torch::Tensor ZeroOptimizer::step() {
+void ZeroOptimizer::synchronize() {
   ZeroState& state = *state_;
   state.finish_reductions();
-  torch::Tensor result;
   if (state.options.stage == 3) {
-    {
-      std::lock_guard<std::mutex> lock(state.mutex);
-      state.release_all();
-    }
-    state.point_piece_grads();
-    result = optimizer_.step();
+    std::lock_guard<std::mutex> lock(state.mutex);
+    state.release_all();
+  } else {
+    // The pieces the wrapped optimizer steps are views of the parameters.
+    state.adopt_params();
+  }
+  state.point_piece_grads();
+}
+
+torch::Tensor ZeroOptimizer::step() {
+  ZeroState& state = *state_;
+  if (!state.pipeline.exchanged()) synchronize();
+  state.pipeline.clear_exchanged();
+  const torch::Tensor result = optimizer_.step();
+  state.sample();
+  if (state.options.stage == 3) {
     state.last_order = std::move(state.order);
     state.order.clear();
-    state.sample();
     if (state.pinned) {
       for (size_t b = 0; b < state.buckets.size(); ++b) state.start_gather(static_cast<int>(b));
       for (size_t b = 0; b < state.buckets.size(); ++b) state.finish_gather(static_cast<int>(b));
     }
   } else {
-    // The pieces the wrapped optimizer steps are views of the parameters.
-    state.adopt_params();
-    state.point_piece_grads();
-    result = optimizer_.step();
-    state.sample();
     state.allgather_into_params();
     // Stage 1: the gradients' buffer held the reduce-scatter's output;
     // zero it so the model's .grad() reads 0 after step() (not a mix of
@@ -514,24 +410,16 @@ torch::Tensor ZeroOptimizer::step() {
 
 void ZeroOptimizer::zero_grad() {
   ZeroState& state = *state_;
+  state.pipeline.restart("zero_grad");
   std::lock_guard<std::mutex> lock(state.mutex);
-  for (const ZeroBucket& bucket : state.buckets) {
-    if (bucket.submitted) {
-      throw ContractError(std::string(kOp) +
-                          "::zero_grad: called after backward() started the reduce-scatter of "
-                          "bucket '" +
-                          bucket.name + "' but before step() waited for it; call step() first");
-    }
-  }
   torch::NoGradGuard no_grad;
-  for (ZeroParam& p : state.params) {
-    p.ready = false;
-    if (state.options.stage != 1) p.param.mutable_grad() = torch::Tensor();
-  }
   // Stage 1 keeps full gradients, as libtorch does, as views of flat_grad
   // (a gradient set to none or replaced becomes a view again).
-  if (state.options.stage == 1) state.zero_flat_grads();
-  for (ZeroBucket& bucket : state.buckets) bucket.ready = 0;
+  if (state.options.stage == 1) {
+    state.zero_flat_grads();
+  } else {
+    for (ZeroParam& p : state.params) p.param.mutable_grad() = torch::Tensor();
+  }
 }
 
 void ZeroOptimizer::gather_parameters() {
@@ -552,6 +440,7 @@ void ZeroOptimizer::release_parameters() {
 }
 
 const ZeroOptions& ZeroOptimizer::options() const { return state_->options; }
+int ZeroOptimizer::zero_stage() const { return state_->options.stage; }
 int ZeroOptimizer::rank() const { return state_->rank; }
 int ZeroOptimizer::world_size() const { return state_->size; }
 

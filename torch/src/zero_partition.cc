@@ -45,19 +45,13 @@ void add_pieces(ZeroState& state, int b) {
   }
 }
 
-void place(ZeroState& state, ZeroBucket& bucket, int b, int index) {
-  ZeroParam& p = state.params[index];
-  p.bucket = b;
-  p.offset = bucket.numel;
-  bucket.numel += p.numel;
-  bucket.params.push_back(index);
-}
-
 }  // namespace
 
 void ZeroState::build(const std::vector<std::pair<std::string, ShardedUnitImpl*>>& named_units) {
   torch::NoGradGuard no_grad;
   const int stage = options.stage;
+  // The partition: parameter indices per bucket, in flat order.
+  std::vector<std::vector<int>> layout;
   if (stage == 3) {
     // One bucket per unit that holds parameters of the optimizer; the unit's
     // parameters in the optimizer's order.
@@ -71,16 +65,15 @@ void ZeroState::build(const std::vector<std::pair<std::string, ShardedUnitImpl*>
     for (size_t i = 0; i < params.size(); ++i) {
       const int u = unit_of.at(params[i].param.unsafeGetTensorImpl());
       if (bucket_of_unit[u] < 0) {
-        bucket_of_unit[u] = static_cast<int>(buckets.size());
+        bucket_of_unit[u] = static_cast<int>(layout.size());
+        layout.emplace_back();
         ZeroBucket bucket;
         bucket.name = named_units[u].first.empty() ? "<model>" : named_units[u].first;
         bucket.unit = u;
-        bucket.dtype = params[i].param.scalar_type();
         buckets.push_back(std::move(bucket));
         units.push_back(named_units[u].second);
       }
-      const int b = bucket_of_unit[u];
-      place(*this, buckets[b], b, static_cast<int>(i));
+      layout[bucket_of_unit[u]].push_back(static_cast<int>(i));
     }
   } else {
     // Runs of whole parameters of one dtype, about bucket_bytes each.
@@ -88,22 +81,26 @@ void ZeroState::build(const std::vector<std::pair<std::string, ShardedUnitImpl*>
     for (size_t i = 0; i < params.size(); ++i) {
       const torch::Tensor& t = params[i].param;
       const int64_t size = t.numel() * static_cast<int64_t>(t.element_size());
-      if (buckets.empty() || buckets.back().dtype != t.scalar_type() ||
+      if (layout.empty() || params[layout.back().front()].param.scalar_type() != t.scalar_type() ||
           (bytes > 0 && bytes + size > options.bucket_bytes)) {
+        layout.emplace_back();
         ZeroBucket bucket;
         bucket.name = "b" + std::to_string(buckets.size());
-        bucket.dtype = t.scalar_type();
         buckets.push_back(std::move(bucket));
         bytes = 0;
       }
       bytes += size;
-      const int b = static_cast<int>(buckets.size()) - 1;
-      place(*this, buckets[b], b, static_cast<int>(i));
+      layout.back().push_back(static_cast<int>(i));
     }
   }
+  pipeline.set_layout(layout);
 
   for (size_t b = 0; b < buckets.size(); ++b) {
     ZeroBucket& bucket = buckets[b];
+    bucket.params = pipeline.buckets[b].params;
+    bucket.numel = pipeline.buckets[b].numel;
+    bucket.dtype = pipeline.buckets[b].dtype;
+    pipeline.buckets[b].name = bucket.name;
     std::tie(bucket.shard_begin, bucket.shard_numel) = slice_of(bucket.numel, size, rank);
     const auto type = torch::TensorOptions().dtype(bucket.dtype);
     // The parameters become views of one flat buffer per bucket (set_data

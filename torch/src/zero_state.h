@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common.h"
+#include "gradient_pipeline.h"
 #include "kolo/torch/tensor.h"
 #include "kolo/torch/zero.h"
 
@@ -30,31 +31,17 @@ namespace kolo::detail {
 // engine's reducescatter splits dim 0: (first element, elements).
 std::pair<int64_t, int64_t> slice_of(int64_t numel, int n, int r);
 
-// One parameter of the wrapped optimizer.
-struct ZeroParam {
-  std::string name;  // model.named_parameters() name
-  torch::Tensor param;
-  int group = 0;       // parameter group of the wrapped optimizer
-  int bucket = 0;      // the bucket holding it
-  int64_t offset = 0;  // first element within the bucket
-  int64_t numel = 0;
-  // Stages 2 and 3: the AccumulateGrad node and our hook on it.
-  std::shared_ptr<torch::autograd::Node> accumulator;
-  uintptr_t post_hook_key = 0;
-  bool hooked = false;
-  bool ready = false;  // its gradient of this step arrived
-};
+// One parameter of the wrapped optimizer: the pipeline's parameter (name,
+// tensor, group, bucket, offset within it, elements).
+using ZeroParam = GradParam;
 
 // Parameter p's place in a (numel) flat buffer of its bucket, shaped like p.
 inline torch::Tensor slot_of(const torch::Tensor& flat, const ZeroParam& p) {
   return flat.narrow(0, p.offset, p.numel).view(p.param.sizes());
 }
 
-// Whether `t` is exactly the memory of `slot` (same first element, shape and
-// contiguous layout): a parameter or gradient still in its flat buffer.
 inline bool occupies(const torch::Tensor& t, const torch::Tensor& slot) {
-  return t.defined() && t.data_ptr() == slot.data_ptr() && t.sizes() == slot.sizes() &&
-         t.is_contiguous();
+  return GradientPipeline::occupies(t, slot);
 }
 
 // A run of consecutive elements of one bucket's slice on this rank whose
@@ -68,7 +55,8 @@ struct ZeroPiece {
 };
 
 // One bucket: consecutive parameters of one dtype, laid end to end in a flat
-// buffer and split across the ranks (slice_of). Which buffers exist:
+// buffer and split across the ranks (slice_of); bucket b of the pipeline has
+// the same parameters. Which buffers exist:
 //
 //            full (the parameters)   shard             grad_shard        flat_grad
 //   stage 1  always held             view of full      view of flat_grad (numel) the .grad()s
@@ -96,10 +84,6 @@ struct ZeroBucket {
   torch::Tensor grad_shard;  // (shard_numel) reduced gradient of the slice
   torch::Tensor flat_grad;   // stage 1: (numel) the parameters' gradients, reduced in place
   torch::Tensor full_grad;   // stages 2, 3: (numel) packed gradients being reduce-scattered
-  Handle reduce;             // the reduce-scatter into grad_shard
-  bool submitted = false;
-  uint64_t submitted_seq = 0;  // order of submission (stages 2, 3: which is oldest)
-  int ready = 0;               // parameters whose gradient arrived this step
 
   // Stage 3: the unit's parameters are views of `full`, whose storage is
   // released (0 bytes) while the unit is not in use.
@@ -109,19 +93,27 @@ struct ZeroBucket {
   bool gathered = false;  // full holds the parameters (after gather completed)
 };
 
-struct ZeroState {
+// The ZeroOptimizer's state and its policy over the gradient pipeline:
+// buckets are the flat shard buffers; launching one reduce-scatters it into
+// this rank's slice (stage 1 in place on the flat gradients at step(); stages
+// 2 and 3 packed, inside backward, one bucket in flight at a time).
+struct ZeroState : GradientPipeline::Policy {
+  explicit ZeroState(const ZeroOptions& o);
+  static GradientPipeline::Options pipeline_options(const ZeroOptions& o);
+
   ZeroOptions options;
   Engine* engine = nullptr;
   CallOptions call;
-  RequestOptions request;  // set, op = average
+  RequestOptions request;  // set, op = average, prescale 1/k
   int rank = 0;
   int size = 1;
   torch::optim::Optimizer* optimizer = nullptr;
   torch::nn::Module* model = nullptr;
 
-  std::mutex mutex;  // hooks (autograd thread) vs the training thread
-  std::vector<ZeroParam> params;
-  std::vector<ZeroBucket> buckets;
+  GradientPipeline pipeline;
+  std::mutex& mutex = pipeline.mutex;  // hooks (autograd thread) vs the training thread
+  std::vector<ZeroParam>& params = pipeline.params;
+  std::vector<ZeroBucket> buckets;  // buckets[b] is the pipeline's bucket b
   std::vector<ZeroPiece> pieces;
   std::vector<ShardedUnitImpl*> units;  // stage 3, bucket i belongs to units[i]
 
@@ -140,12 +132,10 @@ struct ZeroState {
   void build(const std::vector<std::pair<std::string, ShardedUnitImpl*>>& named_units);
 
   // --- zero_optimizer.cc ---
-  void after_accumulate(size_t param);  // hook, stages 2 and 3
-  void submit_reduce(ZeroBucket& bucket);
-  // Stages 2, 3, inside backward: free the gradients of finished reductions;
-  // with `keep` = bucket just submitted, wait until no other is in flight.
-  void reap_reductions(const ZeroBucket* keep = nullptr);
-  uint64_t submissions = 0;  // counter for ZeroBucket::submitted_seq
+  void launch(int bucket, bool in_backward) override;  // GradientPipeline::Policy
+  void finished(int bucket, bool ok) override;
+  void submit_reduce(int bucket);
+  // Every bucket reduced (those backward did not complete launched now).
   void finish_reductions();
   void adopt_params();           // stages 1, 2: every parameter a view of its bucket's `full`
   void allgather_into_params();  // stages 1, 2

@@ -6,6 +6,7 @@
 //   double loss = kolo::metric_average(local, "loss");  // kolo/torch/metrics.h
 //   kolo::DistributedOptimizer opt(adam, model->named_parameters());  // kolo/torch/optimizer.h
 //   kolo::ZeroOptimizer zero(adam, *model, {});         // kolo/torch/zero.h (sharded)
+//   auto opt = kolo::make_parallel_optimizer(adam, *model, options);  // either, by zero_stage
 //   kolo::elastic::TorchState state(*model, &adam, n);  // kolo/torch/elastic.h (elastic)
 //   kolo::LAMB lamb(kolo::layerwise_param_groups(...));  // kolo/torch/lamb.h (large batches)
 //
@@ -25,6 +26,8 @@
 #include "kolo/torch/lr.h"
 #include "kolo/torch/metrics.h"
 #include "kolo/torch/optimizer.h"
+#include "kolo/torch/optimizer_factory.h"
+#include "kolo/torch/parallel_optimizer.h"
 #include "kolo/torch/sampler.h"
 #include "kolo/torch/tensor.h"
 #include "kolo/torch/zero.h"

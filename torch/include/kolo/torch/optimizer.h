@@ -93,8 +93,12 @@
 #include <vector>
 
 #include "kolo/core/dtype.h"
+#include "kolo/torch/parallel_optimizer.h"
 #include "kolo/torch/tensor.h"
 
+namespace torch::nn {
+class Module;
+}
 namespace torch::optim {
 class Optimizer;
 }
@@ -111,29 +115,18 @@ enum class Compression {
 Compression parse_compression(const std::string& name);
 const char* compression_name(Compression compression);
 
-struct DistributedOptimizerOptions {
+struct DistributedOptimizerOptions : GradientOptions {
+  // backward_passes_per_step: see "Local accumulation" above.
+  // bucket_bytes: gradients go to the engine in buckets of at least this
+  // many bytes (as sent, i.e. after compression), laid out in the order
+  // backward() makes them ready; 0 = each gradient alone, the moment it is
+  // ready. See "Buckets" above for why the default is DDP's 25 MiB.
   ReduceOp op = ReduceOp::kAverage;  // kAverage or kSum
   Compression compression = Compression::kNone;
-  int backward_passes_per_step = 1;        // k >= 1
-  // Gradients go to the engine in buckets of at least this many bytes (as
-  // sent, i.e. after compression), in the order backward() makes them ready;
-  // the step's last gradient closes the last bucket. 0 = each gradient the
-  // moment it is ready. 25 MiB is DDP's bucket_cap_mb default; see "Buckets"
-  // above for why it is ours too.
-  int64_t bucket_bytes = 25 * 1024 * 1024;
   double gradient_predivide_factor = 1.0;  // f > 0; != 1 only with kAverage
-  int process_set = 0;                     // 0 = all ranks
-  Engine* engine = nullptr;                // nullptr = kolo::runtime().engine()
-  // How long step() / synchronize() wait for each allreduce before
-  // TimeoutError (the engine's stall inspector fails stuck requests too).
-  std::chrono::milliseconds timeout = std::chrono::milliseconds::max();
-  // Request names are prefix + parameter name. Two DistributedOptimizers
-  // whose parameters share names (e.g. two models' "fc.weight") need
-  // different prefixes.
-  std::string name_prefix = "grad/";
 };
 
-class DistributedOptimizer {
+class DistributedOptimizer : public ParallelOptimizer {
  public:
   // Wraps `optimizer` (which must outlive this object). Every parameter of
   // the optimizer's groups needs a name from `named_parameters` (typically
@@ -150,12 +143,24 @@ class DistributedOptimizer {
   DistributedOptimizer(torch::optim::Optimizer& optimizer,
                        const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
                        const DistributedOptimizerOptions& options = {});
+  // Names from model.named_parameters(); the model (which must outlive this
+  // object) is also what kolo::save_checkpoint(dir, optimizer, state) saves.
+  DistributedOptimizer(torch::optim::Optimizer& optimizer, torch::nn::Module& model,
+                       const DistributedOptimizerOptions& options = {});
   // Without names: parameter j of group g is named "<g>.<j>".
   explicit DistributedOptimizer(torch::optim::Optimizer& optimizer,
                                 const DistributedOptimizerOptions& options = {});
+  // Synchronize only: exchanges the gradients of `named_parameters` (every
+  // one that requires a gradient, in the given order) for an optimizer kolo
+  // does not see (the Python frontend's). synchronize() and zero_grad() work
+  // as below (zero_grad() zeroes the gradients itself); step() and
+  // optimizer() are ContractErrors.
+  explicit DistributedOptimizer(
+      const std::vector<std::pair<std::string, torch::Tensor>>& named_parameters,
+      const DistributedOptimizerOptions& options = {});
   // Removes the hooks. Allreduces still running keep their tensors alive and
   // finish on their own; call step() or synchronize() first to use them.
-  ~DistributedOptimizer();
+  ~DistributedOptimizer() override;
   DistributedOptimizer(const DistributedOptimizer&) = delete;
   DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
 
@@ -164,38 +169,50 @@ class DistributedOptimizer {
   // wrapped optimizer. Returns what the wrapped step returns. If synchronize()
   // was called since the last backward pass, does not synchronize again (so
   // gradients can be clipped in between, as with Horovod).
-  torch::Tensor step();
+  torch::Tensor step() override;
   // The first half of step(): after it, every parameter's .grad() holds the
   // reduced gradient.
-  void synchronize();
+  void synchronize() override;
   // The wrapped optimizer's zero_grad(), and local accumulation restarts.
   // ContractError if allreduces started by backward() have not been waited
   // for by step() or synchronize() (they still write into the gradients), or
   // if a gradient of this step waits in a bucket (the same on every rank,
   // whatever bucket_bytes is). Between the passes of a local accumulation
   // (fewer than backward_passes_per_step) it is allowed and restarts it.
-  void zero_grad();
+  void zero_grad() override;
 
-  torch::optim::Optimizer& optimizer() { return optimizer_; }
+  torch::optim::Optimizer& optimizer() override;
+  int zero_stage() const override { return 0; }
+  int rank() const override;
+  int world_size() const override;
   const DistributedOptimizerOptions& options() const;
-  // The request names, in the order step() submits missing gradients (the
-  // optimizer's parameter order; skipped parameters are not listed).
+  // The request names, in the order of the wrapped optimizer's parameters
+  // (skipped parameters are not listed).
   std::vector<std::string> gradient_names() const;
+  // The buckets, as request names of their gradients, in the order their
+  // exchange starts when backward() produces every gradient: reverse
+  // parameter order until the first step, then the order in which rank 0's
+  // gradients became ready in it.
+  std::vector<std::vector<std::string>> buckets() const;
 
   // Counters since construction.
   struct Stats {
     uint64_t steps = 0;             // synchronizations completed
-    uint64_t hook_submissions = 0;  // allreduces started by a hook, inside backward()
+    uint64_t hook_submissions = 0;  // allreduces started by a hook, inside backward
     uint64_t step_submissions = 0;  // allreduces started by step() / synchronize()
     uint64_t zero_filled = 0;       // of those, gradients that were undefined (sent as zeros)
   };
   Stats stats() const;
 
-  struct State;  // shared with the hooks (internal)
-
  private:
-  torch::optim::Optimizer& optimizer_;
-  std::shared_ptr<State> state_;
+  void save(const std::string& dir, const CheckpointState& state) override;
+  CheckpointState load(const std::string& dir) override;
+
+  struct Impl;
+  // The collective check and the pipeline, after a constructor collected the
+  // parameters (and an error to report on every rank, "" if none).
+  void build(const std::vector<std::pair<std::string, torch::Tensor>>& params, std::string error);
+  std::shared_ptr<Impl> impl_;
 };
 
 }  // namespace kolo

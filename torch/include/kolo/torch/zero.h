@@ -64,9 +64,7 @@
 // otherwise). Ranks must start from the same parameters (call
 // kolo::broadcast_parameters before constructing).
 //
-// Not supported: local gradient accumulation over several backward passes
-// before step() (call step() after every backward pass), gradient
-// compression, parameters on a GPU.
+// Not supported: gradient compression, parameters on a GPU.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -80,6 +78,7 @@
 #include <vector>
 
 #include "kolo/torch/checkpoint.h"
+#include "kolo/torch/parallel_optimizer.h"
 #include "kolo/torch/tensor.h"
 
 namespace torch::optim {
@@ -92,23 +91,25 @@ namespace detail {
 struct ZeroState;
 }
 
-struct ZeroOptions {
+struct ZeroOptions : GradientOptions {
+  // Defaults that differ from GradientOptions': 32 MiB buckets, requests
+  // named "zero/...".
+  ZeroOptions() {
+    bucket_bytes = 32ll << 20;
+    name_prefix = "zero/";
+  }
   int stage = 1;  // 1, 2 or 3
-  // Stages 1 and 2: target size of a gradient / parameter bucket (whole
-  // parameters; one larger parameter makes a bucket of its own). Each bucket
-  // is one reduce-scatter and one allgather per step.
-  int64_t bucket_bytes = 32ll << 20;
+  // bucket_bytes, stages 1 and 2: target size of a gradient / parameter
+  // bucket (whole parameters; one larger parameter makes a bucket of its
+  // own). Each bucket is one reduce-scatter and one allgather per step.
+  // backward_passes_per_step = k: gradients accumulate in .grad() (stage 1:
+  // in the flat gradient buffers) over k passes before a bucket is reduced,
+  // and the reduced gradient is divided by k.
+  //
   // Stage 3: while a unit runs, start gathering the unit that ran after it
   // (forward) or before it (backward) in the previous step. Costs one more
   // unit of parameter memory at the peak.
   bool prefetch = true;
-  int process_set = 0;       // 0 = all ranks
-  Engine* engine = nullptr;  // nullptr = kolo::runtime().engine()
-  // How long each wait on a collective may take before TimeoutError.
-  std::chrono::milliseconds timeout = std::chrono::milliseconds::max();
-  // Request names start with this; two ZeroOptimizers in one program need
-  // different prefixes.
-  std::string name_prefix = "zero/";
 };
 
 // Bytes held by this rank (parameters, gradients, optimizer state), now and
@@ -168,7 +169,7 @@ class ShardedUnitImpl : public torch::nn::Module {
 };
 TORCH_MODULE(ShardedUnit);
 
-class ZeroOptimizer {
+class ZeroOptimizer : public ParallelOptimizer {
  public:
   // Wraps `optimizer` (which must outlive this object and must not have
   // stepped). `model` names the parameters (model.named_parameters()), holds
@@ -178,18 +179,24 @@ class ZeroOptimizer {
                 const ZeroOptions& options = {});
   // Removes the hooks; at stage 3, gathers every unit's full parameters into
   // the model again (collective) so the model can be used without kolo.
-  ~ZeroOptimizer();
+  ~ZeroOptimizer() override;
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
-  // Finishes the reduction of every bucket (submitting those backward did not
-  // complete, with zeros for parameters without a gradient), steps the
-  // wrapped optimizer on this rank's slices, and (stages 1, 2) allgathers the
-  // updated slices into the model's parameters. Returns the wrapped step's
-  // result. A failed collective is rethrown with the engine's message.
-  torch::Tensor step();
-  // Releases (stage 2, 3) or zeroes (stage 1) the model's gradients.
-  void zero_grad();
+  // synchronize() unless it ran since the last backward pass, steps the
+  // wrapped optimizer on this rank's slices, and (stages 1, 2) allgathers
+  // the updated slices into the model's parameters. Returns the wrapped
+  // step's result. A failed collective is rethrown with the engine's message.
+  torch::Tensor step() override;
+  // Finishes the reduction of every bucket (submitting those backward did
+  // not complete, with zeros for parameters without a gradient); afterwards
+  // the wrapped optimizer's parameters (this rank's pieces) have the reduced
+  // gradients in .grad().
+  void synchronize() override;
+  // Releases (stage 2, 3) or zeroes (stage 1) the model's gradients, and
+  // local accumulation restarts. ContractError while a reduce-scatter started
+  // by backward() is unwaited or a gradient of this step waits in a bucket.
+  void zero_grad() override;
 
   // Stage 3: gathers every unit's full parameters into the model (e.g. for
   // evaluation with a plain module or a non-kolo checkpoint) until
@@ -201,9 +208,10 @@ class ZeroOptimizer {
   void reset_peak();
 
   const ZeroOptions& options() const;
-  int rank() const;        // in the process set
-  int world_size() const;  // of the process set
-  torch::optim::Optimizer& optimizer() { return optimizer_; }
+  int zero_stage() const override;
+  int rank() const override;        // in the process set
+  int world_size() const override;  // of the process set
+  torch::optim::Optimizer& optimizer() override { return optimizer_; }
   torch::nn::Module& model() { return model_; }
 
   // Buckets as (request name, elements, this rank's first element, this
@@ -219,6 +227,9 @@ class ZeroOptimizer {
   detail::ZeroState& state() { return *state_; }  // internal
 
  private:
+  void save(const std::string& dir, const CheckpointState& state) override;
+  CheckpointState load(const std::string& dir) override;
+
   torch::optim::Optimizer& optimizer_;
   torch::nn::Module& model_;
   std::shared_ptr<detail::ZeroState> state_;
