@@ -182,7 +182,9 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
       TensorOpOptions sum = request;
       sum.op = ReduceOp::kSum;
       sum.prescale = sum.postscale = 1.0;
-      layout_request = allreduce_async_(positions, options.name_prefix + "layout", sum);
+      // Named like the construction check: no parameter's request can clash.
+      layout_request = allreduce_async_(
+          positions, "DistributedOptimizer[" + options.name_prefix + "].layout", sum);
     }
     pipeline.finish(std::numeric_limits<size_t>::max());
     if (layout_request.valid()) {

@@ -8,21 +8,26 @@
 //   loss.backward();    // gradients' allreduces start as buckets of them are ready
 //   optimizer.step();   // waits for them, then steps `adam`
 //
-// Overlap. The constructor registers a post-accumulate hook on every
-// parameter's gradient accumulator. backward() produces gradients from the
-// last layer to the first; once a parameter's .grad() is written, its
-// allreduce is handed to the engine (request "grad/<name>", in buckets, see
-// below), which negotiates, fuses and reduces on its own thread while
+// The gradient pipeline (docs/torch.md; the same component serves every
+// ZeRO stage). The constructor registers hooks on every parameter's gradient
+// accumulator. backward() produces gradients from the last layer to the
+// first; once every gradient of a bucket is written, the bucket's allreduces
+// are handed to the engine (one request "grad/<name>" per gradient, fused by
+// the engine), which negotiates and reduces on its own thread while
 // backward() goes on computing the earlier layers' gradients. step() waits
 // for every allreduce, writes the results into .grad() and then steps the
 // wrapped optimizer.
 //
-// Buckets. A hook does not hand its gradient to the engine alone: it adds it
-// to an open bucket, which is submitted once it holds bucket_bytes (default
-// 25 MiB, as DDP's bucket_cap_mb) or when the step's last gradient arrives
-// (the backward pass is then over; nothing is left to overlap). A model whose
-// gradients add up to less than bucket_bytes is thus reduced in one fused
-// allreduce at the end of backward(); a large one overlaps bucket by bucket.
+// Buckets. The parameters are laid out in buckets (one dtype each) in the
+// order backward() makes their gradients ready: reverse parameter order until
+// the first step, then the order rank 0's gradients became ready in it (DDP's
+// bucket rebuild; gathered with the first step's allreduces, so it costs no
+// extra synchronisation). A bucket closes once it holds bucket_bytes (default
+// 25 MiB, as DDP's bucket_cap_mb); bucket_bytes = 0 puts every gradient in a
+// bucket of its own. A bucket goes to the engine when its last gradient is
+// ready: a model whose gradients add up to less than bucket_bytes is reduced
+// in one fused allreduce at the end of backward(); a large one overlaps
+// bucket by bucket. buckets() lists the layout.
 // Why: overlap only pays where the communication has spare CPU or a network
 // to run on. On hosts where every core runs compute (kolorun's default: the
 // cores divided among the local workers) a gradient reduced during backward
@@ -40,8 +45,9 @@
 // after freezing or unfreezing parameters).
 //
 // Parameters without a gradient this step. A parameter whose hook did not fire
-// (a branch of the model not taken on this rank, a layer unused this step) is
-// submitted by step() with its current .grad(), or with zeros if .grad() is
+// (a branch of the model not taken on this rank, a layer unused this step)
+// keeps its bucket from going inside backward(); step() submits that bucket,
+// the parameter with its current .grad(), or with zeros if .grad() is
 // undefined (the zeros are stored in .grad()). So no rank waits for a gradient
 // another rank never sends (the "Expected to have finished reduction" failure
 // of DDP and Horovod), and after step() every such parameter holds the average
