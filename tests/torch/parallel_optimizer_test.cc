@@ -20,6 +20,7 @@
 
 #include "kolo/torch/optimizer_factory.h"
 #include "optimizer_harness.h"
+#include "temp_dir.h"
 #include "torch_harness.h"
 #include "zero_harness.h"
 
@@ -247,6 +248,55 @@ TEST(ParallelOptimizer, ZeroRefusesAGradientAfterItsLastPassAtEveryStage) {
       optimizer->zero_grad();
       ot::finish(engine);
     });
+  }
+}
+
+// The one checkpoint call: a run saved after two steps and resumed in fresh
+// models and optimizers ends where the uninterrupted run does, at every stage.
+TEST(ParallelOptimizer, OneCheckpointCallResumesEveryStage) {
+  torch::set_num_threads(1);
+  constexpr int kWorld = 2;
+  torch::manual_seed(23);
+  zt::ZeroNet initial;
+  const auto batches = zt::make_batches(4, kWorld * kRowsPerPass);
+  for (int stage : {0, 1, 2, 3}) {
+    testing::TempDir dir("kolo-parallel-checkpoint");
+    std::vector<std::shared_ptr<zt::ZeroNet>> straight, resumed;
+    for (int r = 0; r < kWorld; ++r) {
+      straight.push_back(zt::copy_of(initial));
+      resumed.push_back(zt::copy_of(initial));
+    }
+    run_with_engines(kWorld, [&](int rank, Engine& engine) {
+      auto train = [&](zt::ZeroNet& model, ParallelOptimizer& optimizer, size_t from, size_t to) {
+        for (size_t s = from; s < to; ++s) {
+          optimizer.zero_grad();
+          zt::loss_of(model, batches[s].share(rank, kWorld)).backward();
+          optimizer.step();
+        }
+      };
+      {
+        auto adam = zt::make_optimizer(zt::Kind::kAdam, straight[rank]->parameters());
+        auto optimizer =
+            make_parallel_optimizer(*adam, *straight[rank], factory_options(stage, engine));
+        train(*straight[rank], *optimizer, 0, 2);
+        save_checkpoint(dir.path(), *optimizer, {1, 2});
+        train(*straight[rank], *optimizer, 2, batches.size());
+        if (auto* zero = dynamic_cast<ZeroOptimizer*>(optimizer.get())) zero->gather_parameters();
+      }
+      auto adam = zt::make_optimizer(zt::Kind::kAdam, resumed[rank]->parameters());
+      auto optimizer =
+          make_parallel_optimizer(*adam, *resumed[rank], factory_options(stage, engine));
+      const CheckpointState state = load_checkpoint(dir.path(), *optimizer);
+      EXPECT_EQ(state.epoch, 1);
+      EXPECT_EQ(state.step, 2);
+      train(*resumed[rank], *optimizer, static_cast<size_t>(state.step), batches.size());
+      if (auto* zero = dynamic_cast<ZeroOptimizer*>(optimizer.get())) zero->gather_parameters();
+      ot::finish(engine);
+    });
+    for (int r = 0; r < kWorld; ++r) {
+      ot::expect_params_close(*resumed[r], *straight[r], 1e-6, 1e-7,
+                              "stage " + std::to_string(stage) + " rank " + std::to_string(r));
+    }
   }
 }
 

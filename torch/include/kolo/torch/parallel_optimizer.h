@@ -89,14 +89,16 @@ class ParallelOptimizer {
   virtual CheckpointState load(const std::string& dir) = 0;
 };
 
-// Collective. Writes the directory `dir` (created if missing): the model's
-// parameters and buffers, the optimizer's state and `state`, in kolo's
-// sharded checkpoint format at every stage (docs/torch.md, "Checkpoints").
+// Collective. Writes the directory `dir` (created if missing) with the
+// model's parameters and buffers, the optimizer's state and `state`: at
+// zero_stage 0 rank 0 writes <dir>/checkpoint.kolo (save_checkpoint's file,
+// with every rank's generator state), at stages 1-3 every rank its shard
+// (save_zero_checkpoint).
 void save_checkpoint(const std::string& dir, ParallelOptimizer& optimizer,
                      const CheckpointState& state);
-// Collective. Restores what save_checkpoint wrote, at any world size and
-// stage; returns the saved state. A missing or corrupt file is a
-// ContractError on every rank naming the file.
+// Collective. Restores what save_checkpoint wrote; returns the saved state.
+// Stages 1-3 load any ZeRO checkpoint, at any world size. A missing or
+// corrupt file is a ContractError on every rank naming the file.
 CheckpointState load_checkpoint(const std::string& dir, ParallelOptimizer& optimizer);
 
 }  // namespace kolo
