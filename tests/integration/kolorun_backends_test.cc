@@ -55,6 +55,22 @@ INSTANTIATE_TEST_SUITE_P(Local, KolorunBackends,
                                   std::to_string(std::get<1>(info.param));
                          });
 
+// Point-to-point transfers on the world communicator of each backend kolorun
+// starts itself (mpi: tests/integration/mpi_backend_test.cc).
+class KolorunPointToPoint : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(KolorunPointToPoint, CheckPasses) {
+  const std::string backend = GetParam();
+  if (backend == "gloo" && !KOLO_HAVE_GLOO) GTEST_SKIP() << "built without gloo";
+  expect_check_passed(run_kolorun({"-np", "3", "--backend", backend, "--timeout", "60",
+                                   "--tag-output", worker_path("kolo_check_worker"), "--p2p"},
+                                  seconds(240)),
+                      3, backend);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, KolorunPointToPoint, ::testing::Values("shm", "gloo"),
+                         [](const auto& info) { return info.param; });
+
 TEST(KolorunBackendChoice, AutomaticIsShmOnOneHost) {
   expect_check_passed(run_kolorun({"-np", "2", "--tag-output", worker_path("kolo_check_worker"),
                                    "--counts", "0,1,1000"},

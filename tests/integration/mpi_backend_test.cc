@@ -112,6 +112,26 @@ TEST_P(MpiBackendTest, CollectiveMatrixPasses) {
   }
 }
 
+class MpiPointToPointTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(MpiPointToPointTest, PatternsPass) {
+  const int ranks = GetParam();
+  const RunResult result = run(mpirun(ranks, {"--p2p"}), std::chrono::seconds(240));
+  ASSERT_FALSE(result.timed_out) << "mpirun did not finish:\n" << result.output;
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(result.output.find("FAIL"), std::string::npos) << result.output;
+  for (int rank = 0; rank < ranks; ++rank) {
+    EXPECT_NE(result.output.find("rank " + std::to_string(rank) + ": 0 mismatches"),
+              std::string::npos)
+        << result.output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, MpiPointToPointTest, ::testing::Values(2, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "np" + std::to_string(info.param);
+                         });
+
 INSTANTIATE_TEST_SUITE_P(Ranks, MpiBackendTest, ::testing::Values(1, 2, 4),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "np" + std::to_string(info.param);
@@ -129,6 +149,23 @@ TEST(MpiBackendMismatchTest, EveryRankGetsContractErrorAndExitsNonZero) {
               std::string::npos)
         << result.output;
   }
+}
+
+// A send and its receive disagree on the count: a ContractError on both
+// sides, and the next transfer on the same communicator still arrives.
+TEST(MpiBackendMismatchTest, PointToPointCountMismatchIsContractErrorOnBothSides) {
+  const RunResult result = run(mpirun(2, {"--p2p-mismatch"}), std::chrono::seconds(60));
+  ASSERT_FALSE(result.timed_out) << "mpirun hung:\n" << result.output;
+  EXPECT_NE(result.output.find("rank 0: ContractError: kolo send to rank 1 (tag 4) on rank 0: "
+                               "rank 0 sends 1000 f32 elements, rank 1 receives 999 f32"),
+            std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("rank 1: ContractError: kolo recv from rank 0 (tag 4) on rank 1: "
+                               "rank 0 sends 1000 f32 elements, rank 1 receives 999 f32"),
+            std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("rank 1: after the mismatch received 7"), std::string::npos)
+      << result.output;
 }
 
 // A rank that arrives late: every rank's call times out (per-call timeout of

@@ -6,8 +6,6 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -20,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "forked_ranks.h"
 #include "kolo/core/communicator.h"
 #include "kolo/core/errors.h"
 #include "kolo/core/store.h"
@@ -34,88 +33,8 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 using kolo::testing::TempDir;
 
-constexpr int kMaxRanks = 8;
-constexpr size_t kMessageBytes = 1024;
-
-// Shared between the parent and the forked ranks (MAP_SHARED, so it survives fork).
-struct SharedState {
-  std::atomic<int> progress[kMaxRanks];   // collectives completed per rank
-  char result[kMaxRanks][kMessageBytes];  // each rank's verdict, "" = passed
-};
-
-struct RankOutcome {
-  int exit_code = -1;  // -1 when killed by a signal
-  int signal = 0;
-  std::string result;  // what the rank wrote into SharedState::result
-};
-
-// Forks `size` ranks running `body(rank, state)`; the body returns "" on
-// success or a description of what went wrong. `monitor` runs in the parent
-// every few ms while the ranks run (e.g. to kill one). Every rank still alive
-// at `watchdog` is SIGKILLed and reported as such.
-std::vector<RankOutcome> run_ranks(
-    int size, const std::function<std::string(int, SharedState&)>& body,
-    const std::function<void(const std::vector<pid_t>&, SharedState&)>& monitor,
-    milliseconds watchdog) {
-  void* memory =
-      mmap(nullptr, sizeof(SharedState), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (memory == MAP_FAILED) throw std::runtime_error("mmap failed");
-  auto* state = new (memory) SharedState();
-  for (auto& p : state->progress) p = 0;
-
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < size; ++rank) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      std::string verdict;
-      try {
-        verdict = body(rank, *state);
-      } catch (const std::exception& error) {
-        verdict = std::string("unexpected exception: ") + error.what();
-      }
-      std::strncpy(state->result[rank], verdict.c_str(), kMessageBytes - 1);
-      _exit(verdict.empty() ? 0 : 1);  // no atexit handlers, no gtest teardown
-    }
-    pids.push_back(pid);
-  }
-
-  std::vector<RankOutcome> outcomes(size);
-  std::vector<bool> done(size, false);
-  const auto deadline = Clock::now() + watchdog;
-  int remaining = size;
-  while (remaining > 0) {
-    for (int rank = 0; rank < size; ++rank) {
-      if (done[rank]) continue;
-      int status = 0;
-      if (waitpid(pids[rank], &status, WNOHANG) == pids[rank]) {
-        done[rank] = true;
-        --remaining;
-        if (WIFEXITED(status)) outcomes[rank].exit_code = WEXITSTATUS(status);
-        if (WIFSIGNALED(status)) outcomes[rank].signal = WTERMSIG(status);
-      }
-    }
-    if (remaining == 0) break;
-    if (Clock::now() > deadline) {
-      for (int rank = 0; rank < size; ++rank) {
-        if (!done[rank]) {
-          kill(pids[rank], SIGKILL);
-          waitpid(pids[rank], nullptr, 0);
-          outcomes[rank].signal = SIGKILL;
-          outcomes[rank].result = "hung: killed by the watchdog";
-          done[rank] = true;
-        }
-      }
-      break;
-    }
-    if (monitor) monitor(pids, *state);
-    std::this_thread::sleep_for(milliseconds(5));
-  }
-  for (int rank = 0; rank < size; ++rank) {
-    if (outcomes[rank].result.empty()) outcomes[rank].result = state->result[rank];
-  }
-  munmap(memory, sizeof(SharedState));
-  return outcomes;
-}
+using kolo::testing::run_forked_ranks;
+using kolo::testing::SharedState;
 
 std::unique_ptr<Communicator> connect(const std::string& dir, int rank, int size,
                                       milliseconds timeout) {
@@ -141,7 +60,7 @@ TEST(GlooFaultTest, SurvivorsOfAKilledPeerGetRuntimeFaultNamingIt) {
   constexpr int kVictim = 2;
   constexpr milliseconds kTimeout{10000};
   bool killed = false;
-  auto outcomes = run_ranks(
+  auto outcomes = run_forked_ranks(
       kSize,
       [&](int rank, SharedState& state) -> std::string {
         auto comm = connect(dir.path(), rank, kSize, kTimeout);
@@ -198,7 +117,7 @@ TEST(GlooFaultTest, PeerThatStopsCallingCausesTimeoutError) {
   constexpr int kSize = 3;
   constexpr int kLate = 1;
   constexpr milliseconds kTimeout{1500};
-  auto outcomes = run_ranks(
+  auto outcomes = run_forked_ranks(
       kSize,
       [&](int rank, SharedState& state) -> std::string {
         auto comm = connect(dir.path(), rank, kSize, milliseconds(10000));
@@ -241,7 +160,7 @@ TEST(GlooFaultTest, PeerThatStopsCallingCausesTimeoutError) {
 TEST(GlooFaultTest, MismatchedArgumentsGiveContractErrorOnEveryRank) {
   TempDir dir("kolo-gloo-fault");
   constexpr int kSize = 3;
-  auto outcomes = run_ranks(
+  auto outcomes = run_forked_ranks(
       kSize,
       [&](int rank, SharedState& state) -> std::string {
         auto comm = connect(dir.path(), rank, kSize, milliseconds(10000));

@@ -7,6 +7,10 @@
 //                                      every rank prints the ContractError, exit 3
 //   mpi_collectives_worker --late-peer rank 1 calls 2 s late, timeouts are 1 s: every
 //                                      rank prints its TimeoutError, exit 4
+//   mpi_collectives_worker --p2p       the shared point-to-point check; as the matrix
+//   mpi_collectives_worker --p2p-mismatch  rank 0 sends 1000 f32 to rank 1, which
+//                                      receives 999: both print the ContractError, then a
+//                                      correct transfer succeeds; exit 3
 // Exit 2: an unexpected exception (printed).
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +22,7 @@
 #include "collective_check.h"
 #include "kolo/core/communicator.h"
 #include "kolo/core/errors.h"
+#include "p2p_check.h"
 
 namespace {
 
@@ -48,6 +53,40 @@ int run_mismatch(kolo::Communicator& comm) {
   }
   // The communicator stays usable: every rank has printed before any exits
   // (mpirun stops the job at the first non-zero exit).
+  comm.barrier({});
+  return 3;
+}
+
+int run_p2p(kolo::Communicator& comm) {
+  const std::vector<std::string> failures = kolo::testing::check_point_to_point(comm);
+  for (const auto& line : failures) std::printf("rank %d: FAIL %s\n", comm.rank(), line.c_str());
+  std::printf("rank %d: %zu mismatches\n", comm.rank(), failures.size());
+  comm.barrier({});
+  return failures.empty() ? 0 : 1;
+}
+
+int run_p2p_mismatch(kolo::Communicator& comm) {
+  std::vector<float> data(1000, 1.0f);
+  kolo::P2POptions options;
+  options.tag = 4;
+  if (comm.rank() < 2) {
+    try {
+      if (comm.rank() == 0) comm.send(data.data(), 1000, kolo::DType::kF32, 1, options);
+      if (comm.rank() == 1) comm.recv(data.data(), 999, kolo::DType::kF32, 0, options);
+      std::printf("rank %d: no error for a count mismatch\n", comm.rank());
+      return 1;
+    } catch (const kolo::ContractError& error) {
+      std::printf("rank %d: ContractError: %s\n", comm.rank(), error.what());
+    }
+    float x = 7.0f;
+    if (comm.rank() == 0) comm.send(&x, 1, kolo::DType::kF32, 1, options);
+    if (comm.rank() == 1) {
+      x = 0.0f;
+      comm.recv(&x, 1, kolo::DType::kF32, 0, options);
+      std::printf("rank 1: after the mismatch received %g\n", x);
+    }
+  }
+  std::fflush(stdout);
   comm.barrier({});
   return 3;
 }
@@ -84,9 +123,11 @@ int main(int argc, char** argv) {
   }
   try {
     auto comm = kolo::make_communicator("mpi", options);
-    const int code = mode == "--mismatch"    ? run_mismatch(*comm)
-                     : mode == "--late-peer" ? run_late_peer(*comm)
-                                             : run_matrix(*comm);
+    const int code = mode == "--mismatch"       ? run_mismatch(*comm)
+                     : mode == "--late-peer"    ? run_late_peer(*comm)
+                     : mode == "--p2p"          ? run_p2p(*comm)
+                     : mode == "--p2p-mismatch" ? run_p2p_mismatch(*comm)
+                                                : run_matrix(*comm);
     std::fflush(stdout);
     return code;
   } catch (const std::exception& error) {

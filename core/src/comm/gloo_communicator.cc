@@ -33,7 +33,9 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -41,6 +43,7 @@
 
 #include "comm/backends.h"
 #include "comm/call_scratch.h"
+#include "comm/p2p.h"
 #include "comm/signature.h"
 #include "comm/staged_reduction.h"
 #include "kolo/core/config.h"
@@ -165,17 +168,22 @@ class PeerMonitor {
   PeerMonitor(const PeerMonitor&) = delete;
   PeerMonitor& operator=(const PeerMonitor&) = delete;
 
-  // Brackets one blocking wait of the calling thread on `buffer` for `peer`.
-  // Throws at once if a pair has already failed.
+  // Brackets one blocking wait of a thread on `buffer` for `peer` (the
+  // caller's collectives, and point-to-point transfers waited for by other
+  // threads at the same time). Throws at once if a pair has already failed.
   void begin_wait(gloo::transport::UnboundBuffer* buffer, bool recv, int peer) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (broken_) throw PeerError{peer, false, reason(peer)};
-    waiting_ = buffer;
-    waiting_recv_ = recv;
+    waiting_.push_back({buffer, recv});
   }
-  void end_wait() {
+  void end_wait(gloo::transport::UnboundBuffer* buffer) {
     std::lock_guard<std::mutex> lock(mutex_);
-    waiting_ = nullptr;
+    for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+      if (it->first == buffer) {
+        waiting_.erase(it);
+        return;
+      }
+    }
   }
 
   // Why a wait on `peer` was aborted.
@@ -222,16 +230,18 @@ class PeerMonitor {
       broken_ = true;
       detail_ = failure;
       broken_peer_ = peer_in(failure);
-      if (waiting_ != nullptr) abort_wait();
+      abort_waits();
       return;
     }
   }
 
-  void abort_wait() {
-    if (waiting_recv_) {
-      waiting_->abortWaitRecv();
-    } else {
-      waiting_->abortWaitSend();
+  void abort_waits() {
+    for (const auto& [buffer, recv] : waiting_) {
+      if (recv) {
+        buffer->abortWaitRecv();
+      } else {
+        buffer->abortWaitSend();
+      }
     }
   }
 
@@ -261,8 +271,7 @@ class PeerMonitor {
   std::unique_ptr<gloo::transport::UnboundBuffer> sentinel_;
   std::thread thread_;
   mutable std::mutex mutex_;
-  gloo::transport::UnboundBuffer* waiting_ = nullptr;
-  bool waiting_recv_ = false;
+  std::vector<std::pair<gloo::transport::UnboundBuffer*, bool>> waiting_;  // (buffer, is recv)
   std::vector<int> departed_;
   bool broken_ = false;
   int broken_peer_ = -1;
@@ -313,6 +322,13 @@ class Channel {
     while (recvs_pending_ > 0) wait_recv(deadline);
     while (sends_pending_ > 0) wait_send(deadline);
   }
+  // Makes a wait on this channel in another thread return at once (as
+  // aborted); used when the communicator goes away.
+  void abort() {
+    if (!buffer_) return;
+    buffer_->abortWaitRecv();
+    buffer_->abortWaitSend();
+  }
 
  private:
   template <typename F>
@@ -333,11 +349,11 @@ class Channel {
     try {
       completed = call(left);
     } catch (const std::exception& error) {
-      monitor_->end_wait();
+      monitor_->end_wait(buffer_.get());
       // gloo reports its own timeout as an IoException too; the clock decides.
       throw PeerError{peer_, deadline.passed(), error.what()};
     }
-    monitor_->end_wait();
+    monitor_->end_wait(buffer_.get());
     if (!completed) throw PeerError{peer_, false, monitor_->why_aborted(peer_)};
   }
 
@@ -459,6 +475,214 @@ struct FaultReport {
   }
 };
 
+// ---- Point to point ----------------------------------------------------------
+//
+// Every transfer posts everything it needs when it is posted, so that it
+// completes through gloo's own thread with no further action of either rank
+// (a blocking wait on one transfer can then never hold up another):
+//  - its P2PFrame to the peer and a receive of the peer's frame (slots kRts /
+//    kRtr of (tag, sequence));
+//  - the data, in chunks of at most kP2PChunkBytes, on slot kData. A sender
+//    sends its chunks from its buffer; a receiver posts one receive of exactly
+//    kP2PChunkBytes per chunk it expects: whole chunks straight into its
+//    buffer, the last partial one into a bounce buffer (copied out at the
+//    end). gloo accepts a message no longer than the receive it lands in, so
+//    a sender that sends more or less than the receiver expects never breaks
+//    the connection.
+// Waiting compares the two frames: equal, it waits for every chunk; different,
+// only for the chunks both sides posted (the rest are never matched and are
+// dropped), then fails with the ContractError; the receive buffer's contents
+// are then unspecified. wait() waits in the calling thread; test() hands the
+// transfer to a thread of its own (gloo has no non-blocking test), whose
+// outcome wait() then collects.
+
+constexpr size_t kP2PChunkBytes = 256 * 1024;
+constexpr uint64_t kP2PSlotBit = uint64_t{1} << 62;  // collectives: (seq << 8) | phase
+constexpr uint64_t kP2PSequenceMask = (uint64_t{1} << 36) - 1;
+
+enum class P2PSlot : uint64_t { kRts = 0, kRtr = 1, kData = 2 };
+
+uint64_t p2p_slot(P2PSlot kind, int tag, uint64_t sequence) {
+  return kP2PSlotBit | (static_cast<uint64_t>(kind) << 60) | (static_cast<uint64_t>(tag) << 36) |
+         (sequence & kP2PSequenceMask);
+}
+
+size_t chunks_of(size_t bytes) { return (bytes + kP2PChunkBytes - 1) / kP2PChunkBytes; }
+
+struct GlooP2PState;
+
+struct GlooP2POp final : P2POp, std::enable_shared_from_this<GlooP2POp> {
+  GlooP2POp(std::shared_ptr<GlooP2PState> state, P2PKind kind, int peer, const P2PFrame& mine,
+            void* data, milliseconds timeout)
+      : state(std::move(state)),
+        kind(kind),
+        peer(peer),
+        mine(mine),
+        data(static_cast<uint8_t*>(data)),
+        bytes(mine.count * dtype_size(static_cast<DType>(mine.dtype))),
+        deadline(timeout) {}
+  bool test() override;
+  void wait() override;
+  std::string what() const { return "kolo " + p2p_what(kind, peer, mine.tag); }
+
+  std::shared_ptr<GlooP2PState> state;
+  const P2PKind kind;
+  const int peer;
+  const P2PFrame mine;
+  P2PFrame theirs{};
+  uint8_t* const data;
+  const size_t bytes;
+  const Deadline deadline;
+  // Owned by whoever completes the transfer (the waiting caller or the
+  // thread test() started); dropped once it finished.
+  std::optional<Channel> frame_in, frame_out, payload, tail;
+  std::vector<uint8_t> bounce;  // the last partial chunk of a receive
+  size_t whole_chunks = 0;      // receive: chunks that land in `data` itself
+  // Guarded by the state's mutex.
+  bool claimed = false;  // someone is completing it
+  bool done = false;
+  std::exception_ptr error;                  // ContractError, or a fault already converted
+  std::optional<PeerError> transport_error;  // still to be turned into the communicator's fault
+};
+
+struct GlooP2PState {
+  GlooP2PState(Link link, int rank, int size, milliseconds default_timeout)
+      : link(link), rank(rank), size(size), default_timeout(default_timeout) {}
+
+  // Waits for every part of `op` (frames, chunks) and records the outcome.
+  void complete(GlooP2POp& op);
+  void settle(GlooP2POp& op);
+
+  const Link link;
+  const int rank;
+  const int size;
+  const milliseconds default_timeout;
+  P2PSequences sequences;  // the posting thread's
+  // The communicator's fault path (GlooCommunicator::handle_fault): reports,
+  // closes every connection, throws RuntimeFault / TimeoutError.
+  std::function<void(const char* op, const PeerError&, const Deadline&)> on_fault;
+  // Throws RuntimeFault when the communicator is unusable.
+  std::function<void(const std::string& what)> check_usable;
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<std::weak_ptr<GlooP2POp>> pending;  // to fail when the communicator goes away
+  int helpers = 0;                                // threads started by test() still running
+  bool closed = false;
+};
+
+void GlooP2PState::complete(GlooP2POp& op) {
+  std::exception_ptr error;
+  std::optional<PeerError> transport_error;
+  try {
+    op.frame_in->wait_recv(op.deadline);
+    const std::string problem = frame_problem(op.theirs);
+    if (!problem.empty()) {
+      throw PeerError{op.peer, false,
+                      "rank " + std::to_string(op.peer) + " sent a corrupt point-to-point frame (" +
+                          problem + ")"};
+    }
+    const std::string mismatch = p2p_mismatch(op.kind, rank, op.peer, op.mine, op.theirs);
+    const size_t their_bytes = op.theirs.count * dtype_size(static_cast<DType>(op.theirs.dtype));
+    // On a mismatch only the chunks both sides posted are ever matched.
+    const size_t chunks = std::min(chunks_of(op.bytes), chunks_of(their_bytes));
+    for (size_t k = 0; k < chunks; ++k) {
+      if (op.kind == P2PKind::kSend) {
+        op.payload->wait_send(op.deadline);
+      } else {
+        (k < op.whole_chunks ? *op.payload : *op.tail).wait_recv(op.deadline);
+      }
+    }
+    if (mismatch.empty() && op.kind == P2PKind::kRecv &&
+        op.bytes > op.whole_chunks * kP2PChunkBytes) {
+      const size_t at = op.whole_chunks * kP2PChunkBytes;
+      std::memcpy(op.data + at, op.bounce.data(), op.bytes - at);
+    }
+    op.frame_out->wait_send(op.deadline);
+    if (!mismatch.empty()) error = std::make_exception_ptr(ContractError(mismatch));
+  } catch (const PeerError& failure) {
+    transport_error = failure;
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  // gloo must not touch the buffers again: unmatched chunks are dropped with
+  // their channels (gloo holds weak references only).
+  op.frame_in.reset();
+  op.frame_out.reset();
+  op.payload.reset();
+  op.tail.reset();
+  if (op.done) return;  // a waiter gave up on it meanwhile (and broke the communicator)
+  op.done = true;
+  op.error = error;
+  op.transport_error = transport_error;
+  changed.notify_all();
+}
+
+// Turns a recorded transport failure into the communicator's fault (in the
+// caller's thread: the fault path throws).
+void GlooP2PState::settle(GlooP2POp& op) {
+  if (op.transport_error) {
+    const PeerError failure = *op.transport_error;
+    op.transport_error.reset();
+    try {
+      check_usable(op.what());
+      const std::string name = p2p_what(op.kind, op.peer, op.mine.tag);
+      on_fault(name.c_str(), failure, op.deadline);
+    } catch (...) {
+      op.error = std::current_exception();
+    }
+  }
+  if (op.error) std::rethrow_exception(op.error);
+}
+
+bool GlooP2POp::test() {
+  std::unique_lock<std::mutex> lock(state->mutex);
+  if (done || state->closed) return true;
+  if (!claimed) {
+    claimed = true;
+    ++state->helpers;
+    std::shared_ptr<GlooP2POp> self = shared_from_this();
+    std::thread([self] {
+      SigpipeGuard guard;
+      self->state->complete(*self);
+      std::lock_guard<std::mutex> lock(self->state->mutex);
+      --self->state->helpers;
+      self->state->changed.notify_all();
+    }).detach();
+  }
+  return false;
+}
+
+void GlooP2POp::wait() {
+  std::unique_lock<std::mutex> lock(state->mutex);
+  if (!done && !claimed && !state->closed) {
+    claimed = true;
+    lock.unlock();
+    {
+      SigpipeGuard guard;
+      state->complete(*this);
+    }
+    lock.lock();
+  }
+  // A helper thread's gloo waits end at the deadline; a little slack for it
+  // to report before this thread gives up on it.
+  const auto until = Clock::now() + deadline.remaining() + std::chrono::seconds(1);
+  state->changed.wait_until(lock, until, [&] { return done || state->closed; });
+  if (!done) {
+    done = true;
+    transport_error = PeerError{peer, !state->closed,
+                                state->closed ? "the communicator was destroyed while the "
+                                                "transfer was pending"
+                                              : "deadline passed"};
+    if (state->closed) {
+      error = std::make_exception_ptr(
+          RuntimeFault(what() + ": the communicator was destroyed while the transfer was pending"));
+      transport_error.reset();
+    }
+  }
+  lock.unlock();
+  state->settle(*this);
+}
+
 class GlooCommunicator : public Communicator {
  public:
   explicit GlooCommunicator(const CommunicatorOptions& options)
@@ -476,6 +700,7 @@ class GlooCommunicator : public Communicator {
 
   ~GlooCommunicator() override {
     try {
+      close_p2p();
       if (monitor_ && fault_.empty()) say_goodbye();
       monitor_.reset();
       context_.reset();
@@ -606,6 +831,16 @@ class GlooCommunicator : public Communicator {
       if (check_args_ && size_ > 1) check_alltoallv(send_counts, recv_counts, seq, deadline);
       exchange(in, send_counts, out, recv_counts, dtype_size(dtype), slot(seq, 3), deadline);
     });
+  }
+
+  P2PHandle isend(const void* data, size_t count, DType dtype, int peer,
+                  const P2POptions& options) override {
+    return post_p2p(P2PKind::kSend, const_cast<void*>(data), count, dtype, peer, options);
+  }
+
+  P2PHandle irecv(void* data, size_t count, DType dtype, int peer,
+                  const P2POptions& options) override {
+    return post_p2p(P2PKind::kRecv, data, count, dtype, peer, options);
   }
 
   void barrier(const CollectiveOptions& options) override {
@@ -869,6 +1104,110 @@ class GlooCommunicator : public Communicator {
     }
   }
 
+  // ---- Point to point (see "Point to point" above) ---------------------------
+
+  void check_usable(const std::string& what) const {
+    if (!fault_.empty()) {
+      throw RuntimeFault(what + " (gloo): the communicator is unusable after an earlier fault (" +
+                             fault_ + "); destroy it and build a new one",
+                         fault_ranks_);
+    }
+  }
+
+  // `data` is only read for a send (gloo's buffer type is not const).
+  P2PHandle post_p2p(P2PKind kind, void* data, size_t count, DType dtype, int peer,
+                     const P2POptions& options) {
+    check_p2p_args(kind, rank_, size_, peer, data, count, dtype, options);
+    const std::string name = p2p_what(kind, peer, options.tag);
+    check_usable("kolo " + name);
+    if (!p2p_) {
+      p2p_ = std::make_shared<GlooP2PState>(link(), rank_, size_, default_timeout_);
+      p2p_->on_fault = [this](const char* op, const PeerError& error, const Deadline& deadline) {
+        handle_fault(op, error, deadline);
+      };
+      p2p_->check_usable = [this](const std::string& what) { check_usable(what); };
+    }
+    const bool send = kind == P2PKind::kSend;
+    const uint64_t sequence = p2p_->sequences.next(kind, peer, options.tag);
+    const P2PFrame frame =
+        make_frame(send ? P2PFrame::kRts : P2PFrame::kRtr, options.tag, sequence, count, dtype);
+    auto op = std::make_shared<GlooP2POp>(
+        p2p_, kind, peer, frame, data,
+        options.timeout.count() > 0 ? options.timeout : default_timeout_);
+    const int tag = options.tag;
+    SigpipeGuard guard;
+    try {
+      op->frame_in.emplace(link(), peer, &op->theirs, sizeof(P2PFrame),
+                           p2p_slot(send ? P2PSlot::kRtr : P2PSlot::kRts, tag, sequence));
+      op->frame_in->post_recv(0, sizeof(P2PFrame));
+      op->frame_out.emplace(link(), peer, const_cast<P2PFrame*>(&op->mine), sizeof(P2PFrame),
+                            p2p_slot(send ? P2PSlot::kRts : P2PSlot::kRtr, tag, sequence));
+      op->frame_out->post_send(0, sizeof(P2PFrame));
+      const uint64_t data_slot = p2p_slot(P2PSlot::kData, tag, sequence);
+      if (send) {
+        op->payload.emplace(link(), peer, data, op->bytes, data_slot);
+        for (size_t at = 0; at < op->bytes; at += kP2PChunkBytes) {
+          op->payload->post_send(at, std::min(kP2PChunkBytes, op->bytes - at));
+        }
+      } else {
+        op->whole_chunks = op->bytes / kP2PChunkBytes;
+        op->payload.emplace(link(), peer, data, op->whole_chunks * kP2PChunkBytes, data_slot);
+        for (size_t k = 0; k < op->whole_chunks; ++k) {
+          op->payload->post_recv(k * kP2PChunkBytes, kP2PChunkBytes);
+        }
+        if (op->bytes % kP2PChunkBytes != 0) {
+          op->bounce.resize(kP2PChunkBytes);
+          op->tail.emplace(link(), peer, op->bounce.data(), kP2PChunkBytes, data_slot);
+          op->tail->post_recv(0, kP2PChunkBytes);
+        }
+      }
+    } catch (const PeerError& error) {
+      op->frame_in.reset();
+      op->frame_out.reset();
+      op->payload.reset();
+      op->tail.reset();
+      handle_fault(name.c_str(), error, op->deadline);
+    }
+    std::lock_guard<std::mutex> lock(p2p_->mutex);
+    auto& pending = p2p_->pending;
+    pending.erase(std::remove_if(pending.begin(), pending.end(),
+                                 [](const std::weak_ptr<GlooP2POp>& w) { return w.expired(); }),
+                  pending.end());
+    pending.push_back(op);
+    return P2PHandle(op);
+  }
+
+  // The communicator goes away: transfers still pending fail, and gloo must
+  // not touch their buffers afterwards.
+  void close_p2p() {
+    if (!p2p_) return;
+    std::unique_lock<std::mutex> lock(p2p_->mutex);
+    p2p_->closed = true;
+    std::vector<std::shared_ptr<GlooP2POp>> live;
+    for (auto& weak : p2p_->pending) {
+      if (auto op = weak.lock()) live.push_back(op);
+    }
+    for (auto& op : live) {
+      for (auto* channel : {&op->frame_in, &op->frame_out, &op->payload, &op->tail}) {
+        if (*channel) (*channel)->abort();
+      }
+    }
+    p2p_->changed.notify_all();
+    p2p_->changed.wait(lock, [&] { return p2p_->helpers == 0; });
+    for (auto& op : live) {
+      op->frame_in.reset();
+      op->frame_out.reset();
+      op->payload.reset();
+      op->tail.reset();
+      if (!op->done) {
+        op->done = true;
+        op->error = std::make_exception_ptr(RuntimeFault(
+            op->what() + ": the communicator was destroyed while the transfer was pending"));
+      }
+    }
+    p2p_->pending.clear();
+  }
+
   // ---- Algorithms ------------------------------------------------------------
 
   // Every rank contributes `bytes` at `mine`; `all` receives size() * bytes in
@@ -1098,6 +1437,7 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::unique_ptr<PeerMonitor> monitor_;
+  std::shared_ptr<GlooP2PState> p2p_;  // created by the first point-to-point call
   uint64_t sequence_ = 0;
   Scratch work_;           // staged reductions, reducescatter input copy
   Scratch inbox_;          // reduce-scatter receive window

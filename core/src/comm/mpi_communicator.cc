@@ -37,6 +37,7 @@
 
 #include "comm/backends.h"
 #include "comm/call_scratch.h"
+#include "comm/p2p.h"
 #include "comm/signature.h"
 #include "comm/staged_reduction.h"
 #include "kolo/core/errors.h"
@@ -246,6 +247,71 @@ void check_fits(size_t count, const char* op) {
   }
 }
 
+// ---- Point to point ----------------------------------------------------------
+//
+// A transfer posts three nonblocking operations at once on the communicator:
+// its P2PFrame to the peer (MPI tag 3t for a send's RTS, 3t + 1 for a
+// receive's RTR, t the kolo tag), a receive of the peer's frame, and the data
+// as exactly one MPI message of any size (tag 3t + 2; past INT_MAX bytes a
+// derived datatype of 1 GiB blocks). MPI matches messages of one tag in order,
+// so the k-th transfer's three messages pair up with the peer's k-th; MPI's
+// progress engine then moves everything with no further action. Waiting
+// compares the frames. A receive posted for fewer bytes than were sent ends
+// with MPI_ERR_TRUNCATE (expected then), one for more receives less; either
+// way exactly one data message is consumed, so a mismatch leaves the streams
+// aligned and the communicator usable (the receive buffer's contents are then
+// unspecified).
+
+class MpiCommunicator;
+
+struct MpiP2POp final : P2POp {
+  bool test() override;
+  void wait() override;
+  std::string what() const { return "kolo " + p2p_what(kind, peer, mine.tag); }
+
+  MpiCommunicator* comm = nullptr;  // null once the communicator is gone
+  P2PKind kind = P2PKind::kSend;
+  int peer = 0;
+  P2PFrame mine{};
+  P2PFrame theirs{};
+  Deadline deadline{milliseconds(0)};
+  // frame out, frame in, data
+  MPI_Request requests[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  bool truncated = false;                      // the data receive was shorter than the message
+  MPI_Datatype data_type = MPI_DATATYPE_NULL;  // a derived type to free, if any
+  bool done = false;
+  std::exception_ptr error;
+};
+
+// Datatype and count of one message of `bytes`.
+void bytes_type(size_t bytes, MPI_Datatype* type, int* count, bool* derived) {
+  if (bytes <= kMaxMpiCount) {
+    *type = MPI_BYTE;
+    *count = static_cast<int>(bytes);
+    *derived = false;
+    return;
+  }
+  const size_t block = size_t{1} << 30;
+  const size_t blocks = bytes / block;
+  const size_t rest = bytes % block;
+  MPI_Datatype gib = MPI_DATATYPE_NULL, all_blocks = MPI_DATATYPE_NULL;
+  MPI_Type_contiguous(static_cast<int>(block), MPI_BYTE, &gib);
+  MPI_Type_contiguous(static_cast<int>(blocks), gib, &all_blocks);
+  if (rest == 0) {
+    *type = all_blocks;
+  } else {
+    int lengths[2] = {1, static_cast<int>(rest)};
+    MPI_Aint offsets[2] = {0, static_cast<MPI_Aint>(blocks * block)};
+    MPI_Datatype types[2] = {all_blocks, MPI_BYTE};
+    MPI_Type_create_struct(2, lengths, offsets, types, type);
+    MPI_Type_free(&all_blocks);
+  }
+  MPI_Type_free(&gib);
+  MPI_Type_commit(type);
+  *count = 1;
+  *derived = true;
+}
+
 class MpiCommunicator : public Communicator {
  public:
   explicit MpiCommunicator(const CommunicatorOptions& options)
@@ -333,6 +399,7 @@ class MpiCommunicator : public Communicator {
   ~MpiCommunicator() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
+    close_p2p(/*cancel=*/!finalized);
     if (finalized || comm_ == MPI_COMM_NULL) return;
     CallLock lock;
     MPI_Comm_free(&comm_);  // deferred by MPI until pending operations end
@@ -497,6 +564,97 @@ class MpiCommunicator : public Communicator {
         });
   }
 
+  P2PHandle isend(const void* data, size_t count, DType dtype, int peer,
+                  const P2POptions& options) override {
+    return post_p2p(P2PKind::kSend, const_cast<void*>(data), count, dtype, peer, options);
+  }
+
+  P2PHandle irecv(void* data, size_t count, DType dtype, int peer,
+                  const P2POptions& options) override {
+    return post_p2p(P2PKind::kRecv, data, count, dtype, peer, options);
+  }
+
+  // Moves `op` along; true once it finished (its outcome recorded in it).
+  bool p2p_test(MpiP2POp& op) {
+    if (op.done) return true;
+    for (int i = 0; i < 3; ++i) {
+      if (op.requests[i] == MPI_REQUEST_NULL) continue;
+      int finished = 0;
+      MPI_Status status;
+      int rc;
+      {
+        CallLock lock;
+        rc = MPI_Test(&op.requests[i], &finished, &status);
+      }
+      if (rc == MPI_ERR_IN_STATUS) rc = status.MPI_ERROR;
+      if (i == 2 && op.kind == P2PKind::kRecv && rc == MPI_ERR_TRUNCATE) {
+        op.truncated = true;  // a mismatch; the frames say which
+        op.requests[i] = MPI_REQUEST_NULL;
+        continue;
+      }
+      if (rc != MPI_SUCCESS) {
+        p2p_finish(op, std::make_exception_ptr(p2p_fault(op, mpi_error_text(rc))));
+        return true;
+      }
+    }
+    for (MPI_Request request : op.requests) {
+      if (request != MPI_REQUEST_NULL) return false;
+    }
+    const std::string problem = frame_problem(op.theirs);
+    if (!problem.empty()) {
+      p2p_finish(op, std::make_exception_ptr(p2p_fault(
+                         op, "rank " + std::to_string(op.peer) +
+                                 " sent a corrupt point-to-point frame (" + problem + ")")));
+      return true;
+    }
+    const std::string mismatch = p2p_mismatch(op.kind, rank_, op.peer, op.mine, op.theirs);
+    p2p_finish(op, mismatch.empty() ? nullptr : std::make_exception_ptr(ContractError(mismatch)));
+    return true;
+  }
+
+  void p2p_wait(MpiP2POp& op) {
+    const auto start = Clock::now();
+    for (unsigned polls = 1; !p2p_test(op); ++polls) {
+      if (polls % 16 != 0) continue;
+      const auto now = Clock::now();
+      if (op.deadline.passed(now)) {
+        const std::string message =
+            op.what() + " (mpi): timed out after " + std::to_string(op.deadline.timeout().count()) +
+            " ms on rank " + std::to_string(rank_) + ": rank " + std::to_string(op.peer) +
+            " did not take part (it skipped the matching call, is stuck, or died); the "
+            "communicator is unusable";
+        fault_ = "timed out after " + std::to_string(op.deadline.timeout().count()) + " ms";
+        p2p_cancel(op);
+        p2p_finish(op, std::make_exception_ptr(TimeoutError(message, {op.peer})));
+        break;
+      }
+      const auto waited = now - start;
+      if (waited > kYieldTime) {
+        std::this_thread::sleep_for(kIdlePoll);
+      } else if (waited > kSpinTime) {
+        sched_yield();
+      }
+    }
+    if (op.error) std::rethrow_exception(op.error);
+  }
+
+  // The communicator goes away: pending transfers fail (and their MPI
+  // requests are cancelled while MPI is still there).
+  void close_p2p(bool cancel) {
+    for (auto& weak : p2p_pending_) {
+      auto op = weak.lock();
+      if (!op) continue;
+      op->comm = nullptr;
+      if (op->done) continue;
+      if (cancel) p2p_cancel(*op);
+      op->done = true;
+      op->error = std::make_exception_ptr(RuntimeFault(
+          op->what() + ": the communicator was destroyed while the transfer was pending"));
+      if (cancel && op->data_type != MPI_DATATYPE_NULL) MPI_Type_free(&op->data_type);
+    }
+    p2p_pending_.clear();
+  }
+
   void barrier(const CollectiveOptions& options) override {
     CallSignature sig;
     sig.kind = CollectiveKind::kBarrier;
@@ -507,6 +665,101 @@ class MpiCommunicator : public Communicator {
   }
 
  private:
+  P2PHandle post_p2p(P2PKind kind, void* data, size_t count, DType dtype, int peer,
+                     const P2POptions& options) {
+    check_p2p_args(kind, rank_, size_, peer, data, count, dtype, options);
+    const std::string name = "kolo " + p2p_what(kind, peer, options.tag);
+    if (!fault_.empty()) {
+      throw RuntimeFault(name + " (mpi): the communicator is unusable after an earlier fault (" +
+                         fault_ + "); destroy it and build a new one");
+    }
+    check_tag_fits(options.tag, name);
+    const bool send = kind == P2PKind::kSend;
+    auto op = std::make_shared<MpiP2POp>();
+    op->comm = this;
+    op->kind = kind;
+    op->peer = peer;
+    op->mine = make_frame(send ? P2PFrame::kRts : P2PFrame::kRtr, options.tag,
+                          p2p_sequences_.next(kind, peer, options.tag), count, dtype);
+    op->deadline = Deadline(options.timeout.count() > 0 ? options.timeout : default_timeout_);
+    const int rts = 3 * options.tag, rtr = rts + 1, data_tag = rts + 2;
+    int data_count = 0;
+    bool derived = false;
+    bytes_type(count * dtype_size(dtype), &op->data_type, &data_count, &derived);
+    if (!derived) op->data_type = MPI_DATATYPE_NULL;
+    const MPI_Datatype type = derived ? op->data_type : MPI_BYTE;
+    int rc;
+    {
+      CallLock lock;
+      rc = MPI_Isend(&op->mine, sizeof(P2PFrame), MPI_BYTE, peer, send ? rts : rtr, comm_,
+                     &op->requests[0]);
+      if (rc == MPI_SUCCESS) {
+        rc = MPI_Irecv(&op->theirs, sizeof(P2PFrame), MPI_BYTE, peer, send ? rtr : rts, comm_,
+                       &op->requests[1]);
+      }
+      if (rc == MPI_SUCCESS) {
+        rc = send ? MPI_Isend(data, data_count, type, peer, data_tag, comm_, &op->requests[2])
+                  : MPI_Irecv(data, data_count, type, peer, data_tag, comm_, &op->requests[2]);
+      }
+    }
+    if (rc != MPI_SUCCESS) {
+      const RuntimeFault fault = p2p_fault(*op, mpi_error_text(rc));
+      p2p_cancel(*op);
+      p2p_finish(*op, nullptr);
+      throw fault;
+    }
+    p2p_pending_.erase(std::remove_if(p2p_pending_.begin(), p2p_pending_.end(),
+                                      [](const std::weak_ptr<MpiP2POp>& w) { return w.expired(); }),
+                       p2p_pending_.end());
+    p2p_pending_.push_back(op);
+    return P2PHandle(op);
+  }
+
+  // MPI_TAG_UB is at least 32767; Open MPI's and MPICH's are far larger.
+  void check_tag_fits(int tag, const std::string& name) {
+    void* value = nullptr;
+    int found = 0;
+    {
+      CallLock lock;
+      MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &found);
+    }
+    const long long upper = found ? *static_cast<int*>(value) : 32767;
+    if (3LL * tag + 2 > upper) {
+      throw ContractError(
+          name + " (mpi): tag " + std::to_string(tag) +
+          " is too large for this MPI library (MPI_TAG_UB = " + std::to_string(upper) +
+          "; kolo uses 3 MPI tags per tag): use a tag <= " + std::to_string((upper - 2) / 3));
+    }
+  }
+
+  RuntimeFault p2p_fault(const MpiP2POp& op, const std::string& detail) {
+    fault_ = detail;
+    return RuntimeFault(op.what() + " (mpi, rank " + std::to_string(rank_) + " of " +
+                            std::to_string(size_) + "): " + detail + " while rank " +
+                            std::to_string(rank_) + " waited for rank " + std::to_string(op.peer) +
+                            "; the communicator is unusable",
+                        {op.peer});
+  }
+
+  // Gives up on whatever of `op` is still pending.
+  void p2p_cancel(MpiP2POp& op) {
+    CallLock lock;
+    for (MPI_Request& request : op.requests) {
+      if (request == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&request);
+      MPI_Request_free(&request);
+    }
+  }
+
+  void p2p_finish(MpiP2POp& op, std::exception_ptr error) {
+    op.done = true;
+    op.error = std::move(error);
+    if (op.data_type != MPI_DATATYPE_NULL) {
+      CallLock lock;
+      MPI_Type_free(&op.data_type);
+    }
+  }
+
   // One collective: the cross-rank argument check, then `body`.
   template <typename Body>
   void run(CallSignature sig, milliseconds timeout, Body&& body) {
@@ -615,7 +868,24 @@ class MpiCommunicator : public Communicator {
   Scratch work_;           // staged reductions
   Scratch exchange_copy_;  // in-place alltoall
   std::string fault_;      // set once a fault made the communicator unusable
+  P2PSequences p2p_sequences_;
+  std::vector<std::weak_ptr<MpiP2POp>> p2p_pending_;  // to fail when the communicator goes away
 };
+
+bool MpiP2POp::test() {
+  if (done || comm == nullptr) return true;
+  return comm->p2p_test(*this);
+}
+
+void MpiP2POp::wait() {
+  if (!done && comm != nullptr) comm->p2p_wait(*this);
+  if (!done) {
+    done = true;
+    error = std::make_exception_ptr(
+        RuntimeFault(what() + ": the communicator was destroyed while the transfer was pending"));
+  }
+  if (error) std::rethrow_exception(error);
+}
 
 }  // namespace
 

@@ -12,6 +12,7 @@
 //   error texts   per rank and buffer: a local argument error to report
 //   slots         per rank, two buffers of slot_bytes (double buffering)
 //   results       two buffers of slot_bytes (reduce-scatter allreduce)
+//   point to point per-rank wait words and per-pair rings (shm_p2p.h)
 //
 // Steps. Every collective is a sequence of steps; step numbers continue across
 // calls. In a step each rank fills its slot of buffer (step & 1), posts the
@@ -44,6 +45,7 @@
 #include <vector>
 
 #include "comm/backends.h"
+#include "comm/shm_p2p.h"
 #include "comm/shm_segment.h"
 #include "comm/signature.h"
 #include "kolo/core/config.h"
@@ -251,6 +253,10 @@ class ShmCommunicator final : public Communicator {
                  const std::vector<size_t>& recv_counts, DType dtype,
                  const CollectiveOptions& options) override;
   void barrier(const CollectiveOptions& options) override;
+  P2PHandle isend(const void* data, size_t count, DType dtype, int peer,
+                  const P2POptions& options) override;
+  P2PHandle irecv(void* data, size_t count, DType dtype, int peer,
+                  const P2POptions& options) override;
 
  private:
   // --- segment access ---
@@ -274,6 +280,7 @@ class ShmCommunicator final : public Communicator {
   void create_segment(const CommunicatorOptions& options, size_t total_bytes);
   void join_segment(const CommunicatorOptions& options, size_t total_bytes);
   void register_self();
+  void start_p2p();
 
   // --- steps ---
   Call open_call(CollectiveKind kind, std::chrono::milliseconds timeout);
@@ -322,6 +329,7 @@ class ShmCommunicator final : public Communicator {
   size_t errors_offset_ = 0;
   size_t slots_offset_ = 0;
   size_t results_offset_ = 0;
+  size_t p2p_offset_ = 0;
   ShmSegment segment_;
   uint64_t step_ = 0;   // last step this rank posted
   uint64_t calls_ = 0;  // collectives started (CallSignature::sequence)
@@ -330,6 +338,8 @@ class ShmCommunicator final : public Communicator {
   std::vector<CallSignature> signatures_;  // scratch for check_signatures
   std::vector<const void*> inputs_;        // scratch for reduce_inputs
   std::vector<size_t> segment_starts_;     // scratch for SegmentedVector
+  // Point to point; declared last, so destroyed while the segment is mapped.
+  std::unique_ptr<ShmP2P> p2p_;
 };
 
 // ----------------------------------------------------------------------------
@@ -348,7 +358,8 @@ ShmCommunicator::ShmCommunicator(const CommunicatorOptions& options)
   errors_offset_ = kHeaderBytes + round_up(n * kControlBytes, kPageBytes);
   slots_offset_ = errors_offset_ + round_up(n * 2 * kErrorBytes, kPageBytes);
   results_offset_ = slots_offset_ + n * 2 * slot_bytes_;
-  const size_t total_bytes = results_offset_ + 2 * slot_bytes_;
+  p2p_offset_ = results_offset_ + 2 * slot_bytes_;
+  const size_t total_bytes = p2p_offset_ + shm_p2p_bytes(size_);
   signatures_.resize(n);
   inputs_.resize(n);
 
@@ -357,6 +368,35 @@ ShmCommunicator::ShmCommunicator(const CommunicatorOptions& options)
   } else {
     join_segment(options, total_bytes);
   }
+  start_p2p();
+}
+
+void ShmCommunicator::start_p2p() {
+  ShmP2PHooks hooks;
+  hooks.peer_state = [this](int peer, bool liveness) {
+    const RankControl* control_of_peer = control(peer);
+    if (control_of_peer->left.load(std::memory_order_acquire) != 0) {
+      return ShmP2PHooks::Peer::kLeft;
+    }
+    if (liveness && !process_alive(control_of_peer->pid, control_of_peer->start_time)) {
+      return ShmP2PHooks::Peer::kDead;
+    }
+    return ShmP2PHooks::Peer::kOk;
+  };
+  hooks.peer_pid = [this](int peer) { return static_cast<int>(control(peer)->pid); };
+  hooks.check_usable = [this](const std::string& what) {
+    if (broken_) {
+      throw RuntimeFault("kolo " + what +
+                         ": this shm communicator is unusable after an earlier fault (" +
+                         broken_reason_ + "); destroy it and build a new one with a fresh prefix");
+    }
+    throw_if_aborted(what.c_str());
+  };
+  hooks.fail = [this](const std::string& message, const std::vector<int>& ranks, bool timeout) {
+    fail(message, ranks, timeout);
+  };
+  p2p_ = std::make_unique<ShmP2P>(segment_.data() + p2p_offset_, rank_, size_, default_timeout_,
+                                  spin_, std::move(hooks));
 }
 
 void ShmCommunicator::register_self() {
@@ -467,6 +507,7 @@ ShmCommunicator::~ShmCommunicator() {
   // Ranks still waiting for this one fail fast instead of timing out.
   control(rank_)->left.store(1, std::memory_order_seq_cst);
   ring_bell();
+  if (p2p_) p2p_->wake_all();
 }
 
 // ----------------------------------------------------------------------------
@@ -604,6 +645,7 @@ void ShmCommunicator::fail(const std::string& message, const std::vector<int>& r
     std::snprintf(h->abort_reason, sizeof(h->abort_reason), "%s", message.c_str());
     h->aborted.store(1, std::memory_order_release);
     ring_bell();
+    if (p2p_) p2p_->wake_all();
   }
   broken_ = true;
   broken_reason_ = message;
@@ -1127,6 +1169,19 @@ void ShmCommunicator::barrier(const CollectiveOptions& options) {
     sync(call);
     verify(call, b);
   });
+}
+
+// ----------------------------------------------------------------------------
+// Point to point (shm_p2p.h)
+
+P2PHandle ShmCommunicator::isend(const void* data, size_t count, DType dtype, int peer,
+                                 const P2POptions& options) {
+  return p2p_->post(P2PKind::kSend, data, count, dtype, peer, options);
+}
+
+P2PHandle ShmCommunicator::irecv(void* data, size_t count, DType dtype, int peer,
+                                 const P2POptions& options) {
+  return p2p_->post(P2PKind::kRecv, data, count, dtype, peer, options);
 }
 
 }  // namespace

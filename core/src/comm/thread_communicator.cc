@@ -15,14 +15,26 @@
 // A rank that does not arrive in time makes the waiting ranks throw
 // TimeoutError naming it; the world is then broken and every later call throws
 // RuntimeFault, as the Communicator contract says.
+//
+// Point to point: posted sends and receives wait in per-(sender, receiver,
+// tag) queues of the world; the post that finds its counterpart at the head
+// of the other queue matches them, compares count and dtype and copies the
+// data straight from the send buffer into the receive buffer (both stay valid
+// until their transfer finished). A rank whose communicator is destroyed
+// fails its pending transfers and the peers' transfers with it.
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <exception>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "comm/p2p.h"
 #include "comm/signature.h"
 #include "kolo/core/communicator.h"
 #include "kolo/core/errors.h"
@@ -52,11 +64,47 @@ std::string rank_list(const std::vector<int>& ranks) {
   return text;
 }
 
+class ThreadWorld;
+
+// One posted send or receive.
+class ThreadP2POp final : public detail::P2POp {
+ public:
+  ThreadP2POp(std::shared_ptr<ThreadWorld> world, detail::P2PKind kind, int rank, int peer,
+              const void* data, const detail::P2PFrame& frame, std::chrono::milliseconds timeout)
+      : world(std::move(world)),
+        kind(kind),
+        rank(rank),
+        peer(peer),
+        data(data),
+        frame(frame),
+        timeout(timeout),
+        deadline(Clock::now() + timeout) {}
+  bool test() override;
+  void wait() override;
+
+  // Immutable after construction.
+  const std::shared_ptr<ThreadWorld> world;
+  const detail::P2PKind kind;
+  const int rank;
+  const int peer;
+  const void* const data;  // a recv's buffer is written through a cast (irecv took it non-const)
+  const detail::P2PFrame frame;
+  const std::chrono::milliseconds timeout;
+  const Clock::time_point deadline;
+  // Guarded by the world's mutex.
+  bool done = false;
+  std::exception_ptr error;
+};
+
 // State shared by the `size` communicators of one in-process world.
 class ThreadWorld {
  public:
   explicit ThreadWorld(int size)
-      : size_(size), posts_(size), snapshot_(size), arrived_flags_(size, false) {}
+      : size_(size),
+        posts_(size),
+        snapshot_(size),
+        arrived_flags_(size, false),
+        left_(size, false) {}
 
   int size() const { return size_; }
 
@@ -72,6 +120,88 @@ class ThreadWorld {
   // Rendezvous 2: a plain barrier.
   void barrier(int rank, Clock::time_point deadline, const std::string& what) {
     sync(rank, nullptr, deadline, what);
+  }
+
+  // ---- point to point ----
+
+  // Queues `op`, or matches it with the first pending counterpart.
+  void p2p_post(const std::shared_ptr<ThreadP2POp>& op) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (fault_) throw_fault(*fault_, /*earlier=*/true);
+    if (left_[op->peer]) throw RuntimeFault(peer_left(*op), {op->peer});
+    const bool send = op->kind == detail::P2PKind::kSend;
+    const QueueKey key{send ? op->rank : op->peer, send ? op->peer : op->rank, op->frame.tag};
+    Queue& theirs = (send ? recvs_ : sends_)[key];
+    if (theirs.empty()) {
+      (send ? sends_ : recvs_)[key].push_back(op);
+      return;
+    }
+    std::shared_ptr<ThreadP2POp> other = theirs.front();
+    theirs.pop_front();
+    complete(send ? *op : *other, send ? *other : *op);
+    changed_.notify_all();
+  }
+
+  bool p2p_test(const ThreadP2POp& op) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return op.done || fault_ || left_[op.peer];
+  }
+
+  void p2p_wait(ThreadP2POp& op) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait_until(lock, op.deadline, [&] { return op.done || fault_ || left_[op.peer]; });
+    if (!op.done) {
+      // Unqueue first: nobody may copy into or out of the caller's buffer
+      // once this call has returned.
+      unqueue(op);
+      op.done = true;
+      if (fault_) {
+        op.error = std::make_exception_ptr(
+            RuntimeFault("kolo threads communicator is unusable after an earlier fault (build a "
+                         "new one): " +
+                             fault_->message,
+                         fault_->ranks));
+      } else if (left_[op.peer]) {
+        op.error = std::make_exception_ptr(RuntimeFault(peer_left(op), {op.peer}));
+      } else {
+        const bool send = op.kind == detail::P2PKind::kSend;
+        const std::string message = "kolo " + detail::p2p_what(op.kind, op.peer, op.frame.tag) +
+                                    " (threads backend): timed out after " +
+                                    std::to_string(op.timeout.count()) + " ms on rank " +
+                                    std::to_string(op.rank) + ": rank " + std::to_string(op.peer) +
+                                    " did not post the matching " + (send ? "recv" : "send") +
+                                    " (it skipped it, is stuck, or died)";
+        fault_ = Fault{message, {op.peer}, true};
+        changed_.notify_all();
+        op.error = std::make_exception_ptr(TimeoutError(message, {op.peer}));
+      }
+    }
+    if (op.error) std::rethrow_exception(op.error);
+  }
+
+  // Rank `rank`'s communicator is going away: its pending transfers fail, and
+  // so do the peers' transfers with it.
+  void leave(int rank) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    left_[rank] = true;
+    for (auto* queues : {&sends_, &recvs_}) {
+      for (auto& entry : *queues) {
+        Queue& queue = entry.second;
+        for (auto it = queue.begin(); it != queue.end();) {
+          ThreadP2POp& op = **it;
+          if (op.rank != rank) {
+            ++it;
+            continue;
+          }
+          op.done = true;
+          op.error = std::make_exception_ptr(
+              RuntimeFault("kolo " + detail::p2p_what(op.kind, op.peer, op.frame.tag) +
+                           ": the communicator was destroyed while the transfer was pending"));
+          it = queue.erase(it);
+        }
+      }
+    }
+    changed_.notify_all();
   }
 
  private:
@@ -133,7 +263,53 @@ class ThreadWorld {
   int arrived_ = 0;
   uint64_t phase_ = 0;  // completed rendezvous
   std::optional<Fault> fault_;
+
+  // ---- point to point ----
+  using QueueKey = std::tuple<int, int, int32_t>;  // (sender, receiver, tag)
+  using Queue = std::deque<std::shared_ptr<ThreadP2POp>>;
+
+  static std::string peer_left(const ThreadP2POp& op) {
+    return "kolo " + detail::p2p_what(op.kind, op.peer, op.frame.tag) + " on rank " +
+           std::to_string(op.rank) + ": rank " + std::to_string(op.peer) +
+           " destroyed its communicator (threads backend)";
+  }
+
+  // Pairs a send with its receive: compares, copies, finishes both.
+  static void complete(ThreadP2POp& send, ThreadP2POp& recv) {
+    const std::string mismatch =
+        detail::p2p_mismatch(detail::P2PKind::kSend, send.rank, send.peer, send.frame, recv.frame);
+    if (!mismatch.empty()) {
+      send.error = std::make_exception_ptr(ContractError(mismatch));
+      recv.error = std::make_exception_ptr(ContractError(detail::p2p_mismatch(
+          detail::P2PKind::kRecv, recv.rank, recv.peer, recv.frame, send.frame)));
+    } else {
+      const size_t bytes = send.frame.count * dtype_size(static_cast<DType>(send.frame.dtype));
+      if (bytes > 0) std::memcpy(const_cast<void*>(recv.data), send.data, bytes);
+    }
+    send.done = true;
+    recv.done = true;
+  }
+
+  void unqueue(const ThreadP2POp& op) {
+    auto& queues = op.kind == detail::P2PKind::kSend ? sends_ : recvs_;
+    for (auto& entry : queues) {
+      Queue& queue = entry.second;
+      auto it = std::find_if(queue.begin(), queue.end(),
+                             [&](const std::shared_ptr<ThreadP2POp>& o) { return o.get() == &op; });
+      if (it != queue.end()) {
+        queue.erase(it);
+        return;
+      }
+    }
+  }
+
+  std::map<QueueKey, Queue> sends_;  // posted, not yet matched
+  std::map<QueueKey, Queue> recvs_;
+  std::vector<bool> left_;  // communicator destroyed
 };
+
+bool ThreadP2POp::test() { return world->p2p_test(*this); }
+void ThreadP2POp::wait() { world->p2p_wait(*this); }
 
 const uint8_t* bytes(const void* pointer) { return static_cast<const uint8_t*>(pointer); }
 uint8_t* bytes(void* pointer) { return static_cast<uint8_t*>(pointer); }
@@ -153,6 +329,7 @@ class ThreadCommunicator final : public Communicator {
   ThreadCommunicator(std::shared_ptr<ThreadWorld> world, int rank,
                      std::chrono::milliseconds timeout)
       : world_(std::move(world)), rank_(rank), timeout_(timeout) {}
+  ~ThreadCommunicator() override { world_->leave(rank_); }
 
   int rank() const override { return rank_; }
   int size() const override { return world_->size(); }
@@ -296,6 +473,16 @@ class ThreadCommunicator final : public Communicator {
     });
   }
 
+  P2PHandle isend(const void* data, size_t count, DType dtype, int peer,
+                  const P2POptions& options) override {
+    return post_p2p(detail::P2PKind::kSend, data, count, dtype, peer, options);
+  }
+
+  P2PHandle irecv(void* data, size_t count, DType dtype, int peer,
+                  const P2POptions& options) override {
+    return post_p2p(detail::P2PKind::kRecv, data, count, dtype, peer, options);
+  }
+
   void barrier(const CollectiveOptions& options) override {
     Post post;
     post.signature.sequence = ++sequence_;
@@ -393,10 +580,25 @@ class ThreadCommunicator final : public Communicator {
     return scratch_.data();
   }
 
+  P2PHandle post_p2p(detail::P2PKind kind, const void* data, size_t count, DType dtype, int peer,
+                     const P2POptions& options) {
+    detail::check_p2p_args(kind, rank_, size(), peer, data, count, dtype, options);
+    const detail::P2PFrame frame = detail::make_frame(
+        kind == detail::P2PKind::kSend ? detail::P2PFrame::kRts : detail::P2PFrame::kRtr,
+        options.tag, p2p_sequences_.next(kind, peer, options.tag), count, dtype);
+    auto op =
+        std::make_shared<ThreadP2POp>(world_, kind, rank_, peer, data, frame,
+                                      options.timeout.count() > 0 ? options.timeout : timeout_);
+    world_->p2p_post(op);
+    return P2PHandle(op);
+  }
+
   std::shared_ptr<ThreadWorld> world_;
   const int rank_;
   const std::chrono::milliseconds timeout_;
   uint64_t sequence_ = 0;
+  // Sequence numbers only label the frames here (the queues keep the order).
+  detail::P2PSequences p2p_sequences_;
   std::vector<uint8_t> scratch_;  // in-place results, reused across calls
 };
 

@@ -15,6 +15,9 @@
 //    from its single background thread). Different communicators are independent.
 //  - After a RuntimeFault the communicator is unusable: destroy it and build a new
 //    one (with a fresh store prefix) from the surviving ranks.
+//
+// Point-to-point transfers (send, recv, isend, irecv) follow the same contract
+// between the two ranks involved; see "Point to point" below.
 #pragma once
 
 #include <chrono>
@@ -46,6 +49,49 @@ struct AllreduceOptions {
 struct BroadcastOptions {
   int root = 0;
   std::chrono::milliseconds timeout{0};
+};
+
+// Options of the point-to-point transfers (send, recv, isend, irecv).
+struct P2POptions {
+  // A receive takes the sends of its peer with the same tag, in the order they
+  // were posted (MPI's non-overtaking rule); tags keep independent streams
+  // between the same two ranks apart. In [0, kMaxP2PTag].
+  int tag = 0;
+  // 0 = the communicator's default (KOLO_TIMEOUT_SECONDS). Counted from the
+  // call (isend/irecv: from the post, not from wait()).
+  std::chrono::milliseconds timeout{0};
+};
+constexpr int kMaxP2PTag = (1 << 24) - 1;
+
+namespace detail {
+class P2POp;
+}
+
+// A pending isend or irecv. Copyable; copies share the transfer.
+//
+// The buffer handed to isend/irecv must stay valid and untouched until the
+// transfer finished (wait() returned or threw, or test() returned true).
+// Dropping every handle does not cancel the transfer: it completes (or fails)
+// on its own, and the buffer must outlive it; destroying the communicator
+// fails whatever is still pending.
+class P2PHandle {
+ public:
+  P2PHandle() = default;
+  explicit P2PHandle(std::shared_ptr<detail::P2POp> op) : op_(std::move(op)) {}
+
+  bool valid() const { return op_ != nullptr; }
+  // Moves the transfer along as far as it can without blocking; true once it
+  // finished, successfully or not (wait() then returns at once or throws).
+  bool test();
+  // Blocks until the transfer finished or its timeout passed. Throws
+  // ContractError when sender and receiver disagree on count or dtype (on both
+  // sides; the communicator stays usable), RuntimeFault naming the peer when
+  // it died or left, TimeoutError when the timeout passed (both leave the
+  // communicator unusable). Calling it again repeats the outcome.
+  void wait();
+
+ private:
+  std::shared_ptr<detail::P2POp> op_;
 };
 
 // One buffer of a fused allreduce (Communicator::allreduce_segments):
@@ -119,6 +165,31 @@ class Communicator {
   virtual bool native_segments() const { return false; }
   virtual void allreduce_segments(const std::vector<AllreduceSegment>& segments, DType dtype,
                                   const AllreduceOptions& options);
+
+  // ---- Point to point ----
+  //
+  // `count` elements of `dtype` go from this rank to `peer` (send) or from
+  // `peer` into `data` (recv); peer is a rank of this communicator other than
+  // rank(). Every send must be matched by a recv on the peer with the same
+  // tag, count and dtype: a mismatch is a ContractError on both sides, naming
+  // both ranks and both values, and moves no data. Messages of any size are
+  // moved in bounded pieces; nothing is buffered for a receive that has not
+  // been posted (a send completes once its receiver took the data, or, on
+  // shm, once the data sits in the pair's shared buffer). A peer that dies or
+  // destroys its communicator while a transfer with it is pending is a
+  // RuntimeFault naming it; a transfer not done within its timeout a
+  // TimeoutError. Progress: transfers move while this rank is inside any
+  // point-to-point call of the communicator (wait(), test(), send, recv,
+  // isend, irecv); gloo and mpi also move them in the background.
+  //
+  // The blocking forms are isend/irecv followed by wait().
+  virtual void send(const void* data, size_t count, DType dtype, int peer,
+                    const P2POptions& options);
+  virtual void recv(void* data, size_t count, DType dtype, int peer, const P2POptions& options);
+  virtual P2PHandle isend(const void* data, size_t count, DType dtype, int peer,
+                          const P2POptions& options);
+  virtual P2PHandle irecv(void* data, size_t count, DType dtype, int peer,
+                          const P2POptions& options);
 };
 
 // How to build one communicator. Every member builds it with the same `prefix`
