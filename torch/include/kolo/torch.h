@@ -9,6 +9,7 @@
 //   auto opt = kolo::make_parallel_optimizer(adam, *model, options);  // either, by zero_stage
 //   kolo::elastic::TorchState state(*model, &adam, n);  // kolo/torch/elastic.h (elastic)
 //   kolo::LAMB lamb(kolo::layerwise_param_groups(...));  // kolo/torch/lamb.h (large batches)
+//   kolo::send(activation, rank + 1);                   // kolo/torch/p2p.h (point to point)
 //
 // See docs/torch.md. Each header can also be included on its own (they are
 // lighter than <torch/torch.h>).
@@ -27,6 +28,7 @@
 #include "kolo/torch/metrics.h"
 #include "kolo/torch/optimizer.h"
 #include "kolo/torch/optimizer_factory.h"
+#include "kolo/torch/p2p.h"
 #include "kolo/torch/parallel_optimizer.h"
 #include "kolo/torch/sampler.h"
 #include "kolo/torch/tensor.h"
