@@ -19,7 +19,7 @@ namespace kolo::bench {
 
 #if KOLO_HAVE_MPI
 namespace {
-class MpiRawAllreduce : public RawAllreduce {
+class MpiRawAllreduce : public RawOp {
  public:
   explicit MpiRawAllreduce(size_t count) : in_(count, 1.0f), out_(count) {}
   void run() override {
@@ -32,16 +32,45 @@ class MpiRawAllreduce : public RawAllreduce {
 };
 }  // namespace
 
-std::function<std::unique_ptr<RawAllreduce>(size_t)> mpi_raw_allreduce_factory() {
+std::function<std::unique_ptr<RawOp>(size_t)> mpi_raw_allreduce_factory() {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) return nullptr;
   return [](size_t count) { return std::make_unique<MpiRawAllreduce>(count); };
 }
-#else
-std::function<std::unique_ptr<RawAllreduce>(size_t)> mpi_raw_allreduce_factory() {
-  return nullptr;
+
+namespace {
+class MpiRawPingPong : public RawOp {
+ public:
+  explicit MpiRawPingPong(size_t bytes) : buffer_(bytes, 1) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  }
+  void run() override {
+    const int count = static_cast<int>(buffer_.size());
+    if (rank_ == 0) {
+      MPI_Send(buffer_.data(), count, MPI_BYTE, 1, 0, MPI_COMM_WORLD);
+      MPI_Recv(buffer_.data(), count, MPI_BYTE, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    } else if (rank_ == 1) {
+      MPI_Recv(buffer_.data(), count, MPI_BYTE, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Send(buffer_.data(), count, MPI_BYTE, 0, 0, MPI_COMM_WORLD);
+    }
+  }
+
+ private:
+  std::vector<char> buffer_;
+  int rank_ = 0;
+};
+}  // namespace
+
+std::function<std::unique_ptr<RawOp>(size_t)> mpi_raw_pingpong_factory() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) return nullptr;
+  return [](size_t bytes) { return std::make_unique<MpiRawPingPong>(bytes); };
 }
+#else
+std::function<std::unique_ptr<RawOp>(size_t)> mpi_raw_allreduce_factory() { return nullptr; }
+std::function<std::unique_ptr<RawOp>(size_t)> mpi_raw_pingpong_factory() { return nullptr; }
 #endif
 
 #if KOLO_HAVE_GLOO
@@ -68,7 +97,7 @@ class GlooStore : public gloo::rendezvous::Store {
   std::shared_ptr<kolo::Store> store_;
 };
 
-class GlooRawAllreduce : public RawAllreduce {
+class GlooRawAllreduce : public RawOp {
  public:
   GlooRawAllreduce(const std::shared_ptr<gloo::Context>& context, size_t count)
       : buffer_(count, 1.0f),
@@ -83,7 +112,7 @@ class GlooRawAllreduce : public RawAllreduce {
 };
 }  // namespace
 
-std::function<std::unique_ptr<RawAllreduce>(size_t)> gloo_raw_allreduce_factory(
+std::function<std::unique_ptr<RawOp>(size_t)> gloo_raw_allreduce_factory(
     std::shared_ptr<Store> store, int rank, int size) {
   gloo::transport::tcp::attr attr;
   attr.hostname = "127.0.0.1";
@@ -96,8 +125,8 @@ std::function<std::unique_ptr<RawAllreduce>(size_t)> gloo_raw_allreduce_factory(
   };
 }
 #else
-std::function<std::unique_ptr<RawAllreduce>(size_t)> gloo_raw_allreduce_factory(
-    std::shared_ptr<Store>, int, int) {
+std::function<std::unique_ptr<RawOp>(size_t)> gloo_raw_allreduce_factory(std::shared_ptr<Store>,
+                                                                         int, int) {
   return nullptr;
 }
 #endif

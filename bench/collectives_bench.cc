@@ -80,6 +80,20 @@ std::function<void()> make_op(Communicator& comm, const std::string& op, size_t 
                       "'; use allreduce, allgather, reducescatter, broadcast or alltoall");
 }
 
+// One round trip of `bytes` between ranks 0 and 1 (the others do nothing).
+std::function<void()> make_pingpong(Communicator& comm, std::vector<uint8_t>& buffer) {
+  return [&comm, &buffer] {
+    const size_t n = buffer.size();
+    if (comm.rank() == 0) {
+      comm.send(buffer.data(), n, DType::kU8, 1, {});
+      comm.recv(buffer.data(), n, DType::kU8, 1, {});
+    } else if (comm.rank() == 1) {
+      comm.recv(buffer.data(), n, DType::kU8, 0, {});
+      comm.send(buffer.data(), n, DType::kU8, 0, {});
+    }
+  };
+}
+
 // The store the extra backends rendezvous through: kolorun's, or (under
 // mpirun, which provides none) one served by rank 0 and announced over the
 // world communicator.
@@ -153,13 +167,35 @@ int run_collectives(const CollectivesOptions& options) {
     }
   }
 
+  // Ping-pong: one-way time = round trip / 2, for each backend and raw MPI.
+  if (options.pingpong && n >= 2) {
+    auto raw_mpi = options.baselines ? mpi_raw_pingpong_factory() : nullptr;
+    if (options.baselines && !raw_mpi) {
+      notes.push_back(
+          "MPI_Send/MPI_Recv: not measured (start under mpirun: kolorun --backend mpi)");
+    }
+    for (size_t bytes : sizes) {
+      std::vector<uint8_t> buffer(bytes, 1);
+      for (auto& [backend, comm] : comms) {
+        const double round_trip =
+            time_collective_us(world, make_pingpong(*comm, buffer), options.timing);
+        results.push_back({backend, "pingpong", bytes, round_trip / 2});
+      }
+      if (raw_mpi) {
+        auto raw = raw_mpi(bytes);
+        const double round_trip = time_collective_us(
+            world, [&] { raw->run(); }, options.timing);
+        results.push_back({"MPI_Send/MPI_Recv", "pingpong", bytes, round_trip / 2});
+      }
+    }
+  }
+
   // Peers, f32 sum allreduce only.
   double memcpy_gbps = 0;      // one rank copying alone
   double memcpy_all_gbps = 0;  // every rank copying at once, summed
   if (options.baselines &&
       std::find(options.ops.begin(), options.ops.end(), "allreduce") != options.ops.end()) {
-    std::vector<std::pair<std::string, std::function<std::unique_ptr<RawAllreduce>(size_t)>>>
-        peers;
+    std::vector<std::pair<std::string, std::function<std::unique_ptr<RawOp>(size_t)>>> peers;
     if (auto mpi = mpi_raw_allreduce_factory()) peers.emplace_back("MPI_Allreduce", mpi);
     else notes.push_back("MPI_Allreduce: not measured (start under mpirun: kolorun --backend mpi)");
     if (auto gloo = gloo_raw_allreduce_factory(make_prefix_store(store, "gloo_raw"),
@@ -192,18 +228,23 @@ int run_collectives(const CollectivesOptions& options) {
                           " ranks; f32; median of " + std::to_string(options.timing.repeats) +
                           " repetitions after warm-up; slowest rank counts)\n\n";
   std::map<std::pair<std::string, std::string>, double> by_key;  // (backend, op, bytes)
-  for (const std::string& op : options.ops) {
+  std::vector<std::string> tables = options.ops;
+  if (options.pingpong && n >= 2) tables.push_back("pingpong");
+  for (const std::string& op : tables) {
     std::vector<std::string> backends;
     for (const auto& r : results)
       if (r.op == op && std::find(backends.begin(), backends.end(), r.backend) == backends.end())
         backends.push_back(r.backend);
+    const bool pingpong = op == "pingpong";
     Report report;
-    report.title = op + " (f32" + (op == "allreduce" ? ", sum" : "") + "), " +
-                   std::to_string(n) + " ranks: time in us, busbw in GB/s";
+    report.title = pingpong ? "pingpong (u8) between ranks 0 and 1: one-way time (round trip / "
+                              "2) in us, bandwidth bytes / one-way time in GB/s"
+                            : op + " (f32" + (op == "allreduce" ? ", sum" : "") + "), " +
+                                  std::to_string(n) + " ranks: time in us, busbw in GB/s";
     report.columns = {"bytes"};
     for (const auto& b : backends) {
       report.columns.push_back(b + " us");
-      report.columns.push_back(b + " busbw");
+      report.columns.push_back(b + (pingpong ? " GB/s" : " busbw"));
     }
     for (size_t bytes : sizes) {
       std::vector<std::string> cells = {format_bytes(static_cast<double>(bytes))};
@@ -211,7 +252,7 @@ int run_collectives(const CollectivesOptions& options) {
         for (const auto& r : results) {
           if (r.op != op || r.backend != b || r.bytes != bytes) continue;
           const double algbw = r.bytes / (r.time_us * 1e-6) / 1e9;
-          const double busbw = algbw * bus_factor(op, n);
+          const double busbw = pingpong ? algbw : algbw * bus_factor(op, n);
           cells.push_back(format_fixed(r.time_us, r.time_us < 100 ? 2 : 0));
           cells.push_back(format_fixed(busbw, 3));
           by_key[{b + "/" + op, std::to_string(bytes)}] = r.time_us;
@@ -272,6 +313,29 @@ int run_collectives(const CollectivesOptions& options) {
         summary.push_back("  vs " + peer + " at 4 KiB: " + format_fixed(shm_small / t, 2) +
                           "x its latency");
     }
+  }
+  // Ping-pong against raw MPI of the same run: latency at 4 bytes, bandwidth at 64 MiB.
+  auto pingpong_us = [&](const std::string& backend, size_t bytes) {
+    auto it = by_key.find({backend + "/pingpong", std::to_string(bytes)});
+    return it == by_key.end() ? 0.0 : it->second;
+  };
+  for (const auto& [backend, comm] : comms) {
+    const double latency = pingpong_us(backend, 4);
+    const double big_us = pingpong_us(backend, big);
+    if (latency <= 0 && big_us <= 0) continue;
+    std::string line = "pingpong " + backend + ":";
+    if (latency > 0) line += " one-way 4 B " + format_fixed(latency, 2) + " us";
+    if (big_us > 0) line += ", 64 MiB at " + format_fixed(big / (big_us * 1e-6) / 1e9, 2) + " GB/s";
+    const double mpi_latency = pingpong_us("MPI_Send/MPI_Recv", 4);
+    const double mpi_big = pingpong_us("MPI_Send/MPI_Recv", big);
+    if (mpi_latency > 0 && latency > 0) {
+      line += " (MPI_Send/MPI_Recv: " + format_fixed(mpi_latency, 2) + " us";
+      if (mpi_big > 0 && big_us > 0) {
+        line += ", " + format_fixed(big / (mpi_big * 1e-6) / 1e9, 2) + " GB/s";
+      }
+      line += ")";
+    }
+    summary.push_back(line);
   }
   for (const auto& note : notes) summary.push_back(note);
   if (!options.json)

@@ -1,6 +1,7 @@
 // `kolo-bench collectives`: latency and bandwidth of every collective on every
 // backend that can run here, with the peers (raw MPI_Allreduce, raw Gloo ring
-// chunked, memcpy bandwidth) measured in the same run.
+// chunked, memcpy bandwidth) measured in the same run; and a point-to-point
+// ping-pong on every backend next to raw MPI_Send/MPI_Recv.
 #pragma once
 
 #include <string>
@@ -24,6 +25,9 @@ struct CollectivesOptions {
   std::string docs_path;          // when set, rank 0 rewrites its section of this file
   std::string command_line;       // recorded in the docs section
   TimingOptions timing;
+  // Point-to-point ping-pong between ranks 0 and 1 on every backend (and raw
+  // MPI_Send/MPI_Recv under mpirun): one-way latency and bandwidth.
+  bool pingpong = true;
 };
 
 // Runs inside a worker started by kolorun or mpirun (calls kolo::init itself).

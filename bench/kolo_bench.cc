@@ -51,6 +51,8 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"all", "shm", "gloo", "mpi", "none"}));
   sub->add_flag("!--no-baselines", collectives.baselines, "skip raw MPI / Gloo / memcpy");
+  sub->add_flag("!--no-pingpong", collectives.pingpong,
+                "skip the point-to-point ping-pong between ranks 0 and 1");
   sub->add_flag("--json", collectives.json, "one JSON object per row instead of tables");
   sub->add_option("--docs", collectives.docs_path,
                   "rewrite the collectives section of this markdown file");
