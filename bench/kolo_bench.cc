@@ -1,11 +1,14 @@
 // kolo-bench: measurement programs that print tables (never timed tests).
 //
-//   kolorun -np 2 kolo-bench collectives [--max-bytes 67108864] [--json] [--docs docs/benchmarks.md]
-//   kolorun -np 2 kolo-bench engine [--json] [--docs docs/benchmarks.md] [--timeline t.json]
-//   kolo-bench scaling [--steps 50] [--json] [--docs docs/benchmarks.md] [--plot scaling.png]
+//   kolorun -np 2 kolo-bench collectives [--max-bytes 67108864] [--json] [--docs
+//   docs/benchmarks.md] kolorun -np 2 kolo-bench engine [--json] [--docs docs/benchmarks.md]
+//   [--timeline t.json] kolo-bench scaling [--steps 50] [--json] [--docs docs/benchmarks.md]
+//   [--plot scaling.png]
 //     (a plain process, not under kolorun: it starts the workers; built with libtorch)
 //   kolo-bench zero [--steps 3] [--workers 1,2,4] [--json] [--docs docs/benchmarks.md]
 //     (a plain process; ZeRO stages vs DistributedOptimizer; built with libtorch)
+//   kolo-bench store-attack --pid PID [--port P] [--json]
+//     (attacks the rendezvous store served by PID, e.g. kolorun, and prints its memory)
 //   kolo-bench elastic [--repeats 3] [--commit-every 10] [--json] [--docs docs/benchmarks.md]
 //     (a plain process; kills a worker of the elastic Fashion-MNIST example under kolorun)
 //
@@ -20,6 +23,7 @@
 #include "elastic_bench.h"
 #include "engine_bench.h"
 #include "kolo/core/errors.h"
+#include "store_attack.h"
 #ifdef KOLO_BENCH_HAVE_SCALING
 #include "scaling_bench.h"
 #endif
@@ -79,13 +83,14 @@ int main(int argc, char** argv) {
                          "rewrite the engine section of this markdown file");
   engine_sub->add_option("--timeline", engine.timeline_path,
                          "after measuring, rank 0 records a timeline of a few fused steps here");
-  engine_sub->add_option("--timeline-steps", engine.timeline_steps,
-                         "steps of each workload in the timeline")
+  engine_sub
+      ->add_option("--timeline-steps", engine.timeline_steps,
+                   "steps of each workload in the timeline")
       ->check(CLI::PositiveNumber);
   engine_sub->add_option("--repeats", engine.timing.repeats, "timed steps per round (median)")
       ->check(CLI::PositiveNumber);
-  engine_sub->add_option("--rounds", engine.rounds,
-                         "rounds in which the modes take turns (median round)")
+  engine_sub
+      ->add_option("--rounds", engine.rounds, "rounds in which the modes take turns (median round)")
       ->check(CLI::PositiveNumber);
   engine_sub->add_option("--warmup", engine.timing.warmup, "untimed steps per round first")
       ->check(CLI::NonNegativeNumber);
@@ -124,12 +129,14 @@ int main(int argc, char** argv) {
   scaling_sub->add_flag("--synthetic", scaling.synthetic,
                         "random images of Fashion-MNIST's shape instead of the files");
   scaling_sub->add_option("--data-dir", scaling.data_dir, "Fashion-MNIST's gzipped IDX files");
-  scaling_sub->add_option("--config-timeout", scaling.config_timeout_s,
-                          "seconds before a configuration's workers are killed")
+  scaling_sub
+      ->add_option("--config-timeout", scaling.config_timeout_s,
+                   "seconds before a configuration's workers are killed")
       ->check(CLI::PositiveNumber);
-  scaling_sub->add_option("--bucket-bytes", scaling.bucket_bytes,
-                          "kolo systems: DistributedOptimizerOptions::bucket_bytes (default: "
-                          "kolo's, 25 MiB; 0 = each gradient alone, the moment it is ready)")
+  scaling_sub
+      ->add_option("--bucket-bytes", scaling.bucket_bytes,
+                   "kolo systems: DistributedOptimizerOptions::bucket_bytes (default: "
+                   "kolo's, 25 MiB; 0 = each gradient alone, the moment it is ready)")
       ->check(CLI::NonNegativeNumber);
   scaling_sub->add_flag("--json", scaling.json, "one JSON object per row instead of the table");
   scaling_sub->add_option("--docs", scaling.docs_path,
@@ -138,8 +145,9 @@ int main(int argc, char** argv) {
                           "write a PNG of images/sec and efficiency against workers (gnuplot)");
   scaling_sub->add_option("--ddp-script", scaling.ddp_script, "path of bench/ddp_baseline.py");
   scaling_sub->add_option("--kolorun", scaling.kolorun, "path of kolorun");
-  scaling_sub->add_option("--python", scaling.python,
-                          "interpreter with PyTorch for the pytorch_ddp baseline")
+  scaling_sub
+      ->add_option("--python", scaling.python,
+                   "interpreter with PyTorch for the pytorch_ddp baseline")
       ->capture_default_str();
   // The hidden worker mode the driver starts.
   scaling_sub->add_flag("--worker", scaling_is_worker)->group("");
@@ -197,15 +205,17 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   elastic_sub->add_option("--threads", elastic.threads, "threads per worker")
       ->check(CLI::PositiveNumber);
-  elastic_sub->add_option("--steps-after", elastic.steps_after,
-                          "steps of the new world watched before the job is stopped")
+  elastic_sub
+      ->add_option("--steps-after", elastic.steps_after,
+                   "steps of the new world watched before the job is stopped")
       ->check(CLI::PositiveNumber);
   elastic_sub->add_flag("--finish", elastic.finish,
                         "let each job train to its end after the recovery and require exit 0");
   elastic_sub->add_option("--epochs", elastic.epochs, "epochs of each job")
       ->check(CLI::PositiveNumber);
-  elastic_sub->add_option("--train-subset", elastic.train_subset,
-                          "train on the first N images (0 = all 60000)")
+  elastic_sub
+      ->add_option("--train-subset", elastic.train_subset,
+                   "train on the first N images (0 = all 60000)")
       ->check(CLI::NonNegativeNumber);
   elastic_sub->add_option("--run-timeout", elastic.run_timeout_s, "seconds per run")
       ->check(CLI::PositiveNumber);
@@ -216,8 +226,22 @@ int main(int argc, char** argv) {
   elastic_sub->add_option("--kolorun", elastic.kolorun, "path of kolorun");
   elastic_sub->add_option("--example", elastic.example, "path of the fashion_mnist example");
 
+  kolo::bench::StoreAttackOptions attack;
+  auto* attack_sub = app.add_subcommand(
+      "store-attack",
+      "attack a running rendezvous store (kolorun's) as a hostile local client and print the "
+      "serving process's resident memory");
+  attack_sub->add_option("--pid", attack.pid, "process serving the store (kolorun)")->required();
+  attack_sub->add_option("--port", attack.port, "its port (default: the one it listens on)");
+  attack_sub->add_option("--host", attack.host, "its address")->capture_default_str();
+  attack_sub->add_option("--seconds", attack.seconds_per_attack, "seconds per attack")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  attack_sub->add_flag("--json", attack.json, "one JSON object per attack instead of the table");
+
   CLI11_PARSE(app, argc, argv);
   try {
+    if (*attack_sub) return kolo::bench::run_store_attack_bench(attack);
     if (*elastic_sub) return kolo::bench::run_elastic_bench(elastic);
 #ifdef KOLO_BENCH_HAVE_ZERO
     if (*zero_sub) {

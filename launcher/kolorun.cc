@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <random>
@@ -113,6 +114,18 @@ int exec_mpirun(const LaunchOptions& options, const JobPlan& plan) {
   return 127;
 }
 
+// The store server's reports (a connection with a bad tag, connections
+// refused at KOLO_STORE_MAX_CONNECTIONS), from the server's thread: one
+// write(2) keeps the line whole.
+std::function<void(const std::string&)> store_reporter(const std::string& prefix) {
+  return [prefix](const std::string& message) {
+    const std::string line = prefix + message + "\n";
+    if (write(2, line.data(), line.size()) < 0) {
+      // stderr closed: nothing else to tell
+    }
+  };
+}
+
 // A fresh per-job secret for the rendezvous: 256 random bits as 64 hex digits.
 std::string make_secret() {
   std::random_device device;
@@ -189,14 +202,9 @@ int launch_elastic(const LaunchOptions& options) {
   TcpStoreServer::Options store_options;
   store_options.bind_address = remote ? "0.0.0.0" : "127.0.0.1";
   store_options.secret = secret;
-  store_options.on_reject = [](const std::string& message) {
-    // From the server's thread: one write(2) keeps the line whole.
-    const std::string line = "kolorun: elastic: rendezvous: " + message + "\n";
-    if (write(2, line.data(), line.size()) < 0) {
-      // stderr closed: nothing else to tell
-    }
-  };
+  store_options.on_reject = store_reporter("kolorun: elastic: rendezvous: ");
   try {
+    store_limits_from(Config::load(process_env()), store_options);
     server = std::make_unique<TcpStoreServer>(store_options);
   } catch (const std::exception& e) {
     std::cerr << "kolorun: cannot serve the rendezvous on " << store_options.bind_address << ": "
@@ -274,6 +282,8 @@ int launch(const LaunchOptions& options) {
     TcpStoreServer::Options store_options;
     store_options.bind_address = plan.store_bind;
     store_options.secret = secret;
+    store_options.on_reject = store_reporter("kolorun: rendezvous: ");
+    store_limits_from(Config::load(process_env()), store_options);
     store = std::make_unique<TcpStoreServer>(store_options);
   } catch (const std::exception& e) {
     std::cerr << "kolorun: cannot serve the rendezvous store on " << plan.store_bind << ": "

@@ -28,6 +28,17 @@ const std::vector<ConfigVar>& config_registry() {
        "(HMAC-SHA256); kolorun sets it for every worker of a job that spans hosts and of an "
        "elastic job (remote workers read it from ssh's stdin: it is on no command line). "
        "Unset: the store is unauthenticated (kolorun's then listens on loopback only)."},
+      {"KOLO_STORE_MAX_MESSAGE_BYTES", ConfigType::kInt, "16777216", "",
+       "Rendezvous store server (kolorun, or rank 0 under torchrun-style launch): largest "
+       "request it takes (key + value), in bytes; a bigger one is answered with an error and "
+       "its bytes are skipped unread (64 .. 2^30)."},
+      {"KOLO_STORE_MAX_CONNECTIONS", ConfigType::kInt, "1024", "",
+       "Rendezvous store server: open connections; at the limit a new one replaces the oldest "
+       "that has not yet sent a valid request, else it is refused (>= 1)."},
+      {"KOLO_STORE_IDLE_TIMEOUT_SECONDS", ConfigType::kDouble, "300", "",
+       "Rendezvous store server: a connection without traffic or a waiting request for this "
+       "long is closed (clients reconnect by themselves); one that has not sent a whole valid "
+       "request is closed after 10 s at most (> 0)."},
       // --- Elastic mode (set by kolorun --min-np/--max-np/--host-discovery-script) ---
       {"KOLO_ELASTIC", ConfigType::kBool, "0", "",
        "1 when kolorun started this worker in elastic mode: kolo::elastic::run() joins "

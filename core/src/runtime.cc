@@ -109,6 +109,7 @@ Runtime::Runtime(const InitOptions& options) {
       server.bind_address = is_loopback(topology_.store_host) ? "127.0.0.1" : "0.0.0.0";
       server.port = topology_.store_port;
       server.secret = config_.get_string("KOLO_JOB_SECRET");
+      store_limits_from(config_, server);
       store_server_ = std::make_unique<TcpStoreServer>(server);
       connect_host = "127.0.0.1";
       logger.info("serving the rendezvous store on " + server.bind_address + ":" +
@@ -294,8 +295,8 @@ Engine& Runtime::engine() {
   const std::string backend = backend_;
   const CommunicatorOptions base = engine_options;
   const int world_rank = topology_.rank;
-  CommunicatorFactory factory = [backend, base, world_rank](
-                                    const std::vector<int>& ranks, int set_id) {
+  CommunicatorFactory factory = [backend, base, world_rank](const std::vector<int>& ranks,
+                                                            int set_id) {
     auto pos = std::find(ranks.begin(), ranks.end(), world_rank);
     if (pos == ranks.end()) {
       throw ContractError("kolo process set " + std::to_string(set_id) +

@@ -1,27 +1,19 @@
 // TCP rendezvous store: a single-threaded poll() server and a thread-safe client.
 //
-// Wire protocol (all integers little-endian):
-//   frame    = u32 body_bytes, body
-//   request  = u8 op, fields...      string = u32 length, bytes
-//     kSet   key value               -> kOk
-//     kGet   key i64 timeout_ms      -> kOk value | kTimeout
-//     kAdd   key i64 delta           -> kOk i64 new_value | kError message
-//     kCheck u32 n, n * key          -> kOk u8 all_present
-//     kWait  u32 n, n * key, i64 timeout_ms -> kOk | kTimeout u32 n, n * missing key
-//     kErase key                     -> kOk u8 existed
-//   response = u8 status, fields...
-// A client sends one request at a time per connection. Blocking requests (get,
-// wait) are parked on the server and answered when their keys appear or their
-// deadline passes, so clients never poll. The client keeps a small pool of
-// connections so that threads sharing one Store do not serialise behind a
-// blocked get.
+// The wire protocol is in store_protocol.h, the server's handling of it
+// (keys, parked requests, per-connection bounds) in store_service.h; this
+// file owns the sockets. A client sends one request at a time per
+// connection. Blocking requests (get, wait) are parked on the server and
+// answered when their keys appear or their deadline passes, so clients never
+// poll. The client keeps a small pool of connections so that threads sharing
+// one Store do not serialise behind a blocked get.
 //
-// Authentication (Options::secret set on both sides): on accept the server
-// sends one frame holding a 16-byte random nonce. Every later frame body is
-// tag(32 bytes) + message, tag = HMAC-SHA256(secret, d + nonce + u64 n +
-// message) with d = 'q' for requests and 'r' for replies and n the index of
-// the request on this connection. A bad tag closes the connection (and is
-// reported through Options::on_reject); the client raises RuntimeFault.
+// The server's thread is never blocked by a client: sockets are
+// non-blocking, each connection is read at most kReadBudget bytes per loop
+// and only as far as its current frame, a connection whose replies back up
+// is not read at all (TCP pushes back on the client), and running out of
+// descriptors pauses accepting instead of sleeping. Connections are limited
+// (Options::max_connections) and closed when idle (Options::idle_timeout).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -37,117 +29,31 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <random>
 #include <thread>
-#include <unordered_map>
 
+#include "kolo/core/config.h"
 #include "kolo/core/errors.h"
-#include "hmac_sha256.h"
 #include "kolo/core/store.h"
+#include "store_protocol.h"
+#include "store_service.h"
 
 namespace kolo {
 namespace {
 
+namespace sp = store_protocol;
 using Clock = std::chrono::steady_clock;
+using detail::StoreService;
 
-enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kWait = 5, kErase = 6 };
-enum Status : uint8_t { kOk = 0, kTimeout = 1, kError = 2 };
-
-// Largest frame either side accepts; a bigger length prefix means a corrupt or
-// foreign peer.
-constexpr uint32_t kMaxFrameBytes = 1u << 30;
+// Bytes read from one connection per pass of the server's loop (fairness).
+constexpr size_t kReadBudget = size_t{256} << 10;
+// How long a connection may take to send its first whole valid request.
+constexpr std::chrono::milliseconds kHandshakeTimeout{10000};
+// How long accepting pauses when the process is out of descriptors.
+constexpr std::chrono::milliseconds kAcceptPause{100};
+// At most one "refused connections" report per this interval.
+constexpr std::chrono::seconds kRefusalReportInterval{10};
 
 std::string errno_text(int error) { return std::strerror(error); }
-
-// ---- encoding ----
-
-class Writer {
- public:
-  void u8(uint8_t v) { body_.push_back(static_cast<char>(v)); }
-  void u32(uint32_t v) {
-    for (int i = 0; i < 4; ++i) body_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  }
-  void i64(int64_t v) {
-    uint64_t u = static_cast<uint64_t>(v);
-    for (int i = 0; i < 8; ++i) body_.push_back(static_cast<char>((u >> (8 * i)) & 0xff));
-  }
-  void str(const std::string& s) {
-    u32(static_cast<uint32_t>(s.size()));
-    body_.append(s);
-  }
-  void bytes(const Bytes& b) {
-    u32(static_cast<uint32_t>(b.size()));
-    body_.append(reinterpret_cast<const char*>(b.data()), b.size());
-  }
-  const std::string& body() const { return body_; }
-  // The body with its length prefix.
-  std::string frame() const {
-    Writer w;
-    w.u32(static_cast<uint32_t>(body_.size()));
-    return w.body_ + body_;
-  }
-
- private:
-  std::string body_;
-};
-
-// Thrown by Reader on a malformed body (the server drops such a client).
-struct ProtocolError : RuntimeFault {
-  explicit ProtocolError(const std::string& what)
-      : RuntimeFault("kolo store: malformed message (" + what + ")") {}
-};
-
-class Reader {
- public:
-  Reader(const char* data, size_t size) : data_(data), size_(size) {}
-  uint8_t u8() {
-    need(1);
-    return static_cast<uint8_t>(data_[pos_++]);
-  }
-  uint32_t u32() {
-    need(4);
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v |= uint32_t(static_cast<uint8_t>(data_[pos_ + i])) << (8 * i);
-    pos_ += 4;
-    return v;
-  }
-  int64_t i64() {
-    need(8);
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= uint64_t(static_cast<uint8_t>(data_[pos_ + i])) << (8 * i);
-    pos_ += 8;
-    return static_cast<int64_t>(v);
-  }
-  std::string str() {
-    uint32_t n = u32();
-    need(n);
-    std::string s(data_ + pos_, n);
-    pos_ += n;
-    return s;
-  }
-  Bytes bytes() {
-    uint32_t n = u32();
-    need(n);
-    Bytes b(reinterpret_cast<const uint8_t*>(data_ + pos_),
-            reinterpret_cast<const uint8_t*>(data_ + pos_ + n));
-    pos_ += n;
-    return b;
-  }
-
- private:
-  void need(size_t n) {
-    if (size_ - pos_ < n) throw ProtocolError("truncated");
-  }
-  const char* data_;
-  size_t size_;
-  size_t pos_ = 0;
-};
-
-uint32_t peek_u32(const std::string& buffer) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= uint32_t(static_cast<uint8_t>(buffer[i])) << (8 * i);
-  return v;
-}
 
 std::string quoted_keys(const std::vector<std::string>& keys) {
   std::string out;
@@ -158,42 +64,6 @@ std::string quoted_keys(const std::vector<std::string>& keys) {
 void set_nodelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-constexpr size_t kNonceBytes = 16;
-constexpr size_t kTagBytes = 32;
-
-std::string random_nonce() {
-  std::random_device device;
-  std::string nonce;
-  while (nonce.size() < kNonceBytes) {
-    uint32_t word = device();
-    nonce.append(reinterpret_cast<const char*>(&word), sizeof(word));
-  }
-  return nonce.substr(0, kNonceBytes);
-}
-
-std::string tag_of(const std::string& secret, char direction, const std::string& nonce,
-                   uint64_t counter, const char* message, size_t bytes) {
-  std::string text;
-  text.reserve(1 + nonce.size() + 8 + bytes);
-  text += direction;
-  text += nonce;
-  for (int i = 0; i < 8; ++i) text += static_cast<char>((counter >> (8 * i)) & 0xff);
-  text.append(message, bytes);
-  detail::Digest digest = detail::hmac_sha256(secret, text);
-  return std::string(reinterpret_cast<const char*>(digest.data()), digest.size());
-}
-
-// A frame holding `body` ("" secret: unsigned).
-std::string seal(const std::string& secret, char direction, const std::string& nonce,
-                 uint64_t counter, const std::string& body) {
-  std::string payload =
-      secret.empty() ? body
-                     : tag_of(secret, direction, nonce, counter, body.data(), body.size()) + body;
-  std::string frame(4, '\0');
-  for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((payload.size() >> (8 * i)) & 0xff);
-  return frame + payload;
 }
 
 std::string peer_address(int fd) {
@@ -212,52 +82,65 @@ std::string peer_address(int fd) {
 
 struct Connection {
   int fd = -1;
-  std::string nonce;      // authenticated servers: sent on accept
-  uint64_t requests = 0;  // requests handled (the tag counter)
-  std::string in;   // received, not yet handled
-  std::string out;  // to send
-  // A parked get/wait: answered when `keys` all exist or at `deadline`.
-  bool parked = false;
-  uint8_t parked_op = 0;
-  std::vector<std::string> parked_keys;
-  Clock::time_point deadline;
+  StoreService::Session session;
+  Clock::time_point opened;
+  Clock::time_point last_activity;
 };
 
 }  // namespace
 
 struct TcpStoreServer::Impl {
-  std::string secret;
-  std::function<void(const std::string&)> on_reject;
+  explicit Impl(const Options& options)
+      : options(options), service(options.secret, limits_of(options), options.on_reject) {}
+
+  static StoreService::Limits limits_of(const Options& options) {
+    StoreService::Limits limits;
+    limits.max_message_bytes = options.max_message_bytes;
+    return limits;
+  }
+
+  const Options options;
   int listen_fd = -1;
   int wake_fd = -1;  // eventfd: the destructor asks the thread to stop
   int port = 0;
   std::thread thread;
   // Owned by the server thread only.
-  std::unordered_map<std::string, Bytes> data;
+  StoreService service;
   std::map<int, Connection> connections;  // by fd
+  Clock::time_point accept_paused_until;
+  int64_t refused = 0;  // connections refused since the last report
+  Clock::time_point last_refusal_report;
 
   void run();
-  void accept_all();
-  // Handles buffered requests of `c` until it parks or runs out of input;
-  // returns whether the store changed. False from `ok` means: drop the client.
-  bool handle_input(Connection& c, bool& ok);
-  bool handle_request(Connection& c, Reader& r);  // returns whether the store changed
-  // Queues one reply (signed under the request's counter when authenticated).
-  void reply(Connection& c, const Writer& w);
-  // Answers a parked request if its keys exist or its deadline passed.
-  void try_unpark(Connection& c, Clock::time_point now);
-  void flush(Connection& c, bool& ok);
-  bool all_present(const std::vector<std::string>& keys) const {
-    for (const auto& key : keys)
-      if (!data.count(key)) return false;
-    return true;
+  void accept_all(Clock::time_point now);
+  // Reads what `c` wants (up to kReadBudget); false = drop the connection.
+  bool read_from(Connection& c, Clock::time_point now, bool& changed);
+  // Sends queued replies; false = drop the connection.
+  bool flush(Connection& c, Clock::time_point now);
+  void drop(int fd) {
+    close(fd);
+    connections.erase(fd);
+  }
+  // When `c` is closed for idleness.
+  Clock::time_point idle_deadline(const Connection& c) const {
+    const auto limit =
+        c.session.proven ? options.idle_timeout : std::min(options.idle_timeout, kHandshakeTimeout);
+    return c.last_activity + limit;
+  }
+  void report(const std::string& message) const {
+    if (options.on_reject) options.on_reject(message);
   }
 };
 
-TcpStoreServer::TcpStoreServer(const Options& options) : impl_(std::make_unique<Impl>()) {
-  impl_->secret = options.secret;
-  impl_->on_reject = options.on_reject;
+TcpStoreServer::TcpStoreServer(const Options& options) : impl_(std::make_unique<Impl>(options)) {
   const std::string where = options.bind_address + ":" + std::to_string(options.port);
+  if (options.max_message_bytes < 64 || options.max_connections < 1 ||
+      options.idle_timeout.count() <= 0) {
+    throw ContractError("kolo TcpStoreServer: limits must be positive (max_message_bytes " +
+                        std::to_string(options.max_message_bytes) + " >= 64, max_connections " +
+                        std::to_string(options.max_connections) + ", idle_timeout " +
+                        std::to_string(options.idle_timeout.count()) + " ms)");
+  }
   if (options.port < 0 || options.port > 65535) {
     throw ContractError("kolo TcpStoreServer: port " + std::to_string(options.port) +
                         " is not in [0, 65535]; use 0 to pick a free port");
@@ -329,274 +212,170 @@ void TcpStoreServer::Impl::run() {
   std::vector<pollfd> fds;
   std::vector<int> dropped;
   for (;;) {
-    // Sleep until I/O or the earliest parked deadline.
+    // Sleep until I/O, a parked deadline, an idle deadline or the end of an
+    // accept pause.
     Clock::time_point now = Clock::now();
-    int timeout_ms = -1;
+    Clock::time_point wake = Clock::time_point::max();
     for (auto& entry : connections) {
-      if (!entry.second.parked) continue;
-      auto left = std::chrono::ceil<std::chrono::milliseconds>(entry.second.deadline - now);
-      int ms = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(left.count(), 1 << 30)));
-      timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+      const Connection& c = entry.second;
+      wake = std::min(wake, c.session.parked ? c.session.deadline : idle_deadline(c));
+    }
+    const bool accepting = now >= accept_paused_until;
+    if (!accepting) wake = std::min(wake, accept_paused_until);
+    int timeout_ms = -1;
+    if (wake != Clock::time_point::max()) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(wake - now).count();
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30));
     }
     fds.clear();
     fds.push_back({wake_fd, POLLIN, 0});
-    fds.push_back({listen_fd, POLLIN, 0});
+    fds.push_back({accepting ? listen_fd : -1, POLLIN, 0});
     for (auto& entry : connections) {
-      short events = POLLIN;
-      if (!entry.second.out.empty()) events |= POLLOUT;
-      fds.push_back({entry.first, events, 0});
+      short events = 0;
+      if (service.wanted(entry.second.session) > 0) events |= POLLIN;
+      if (!entry.second.session.out.empty()) events |= POLLOUT;
+      fds.push_back({entry.first, events, 0});  // POLLHUP/POLLERR come regardless
     }
-    int n = poll(fds.data(), fds.size(), timeout_ms);
+    const int n = poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0 && errno != EINTR) return;  // poll on valid fds does not fail otherwise
     if (fds[0].revents) return;           // destructor asked us to stop
-    if (fds[1].revents & POLLIN) accept_all();
+    now = Clock::now();
+    if (fds[1].revents & POLLIN) accept_all(now);
 
+    bool changed = false;
     dropped.clear();
     for (size_t i = 2; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
       auto it = connections.find(fds[i].fd);
       if (it == connections.end()) continue;
       Connection& c = it->second;
       bool ok = true;
-      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
-        char buffer[65536];
-        for (;;) {
-          ssize_t got = recv(c.fd, buffer, sizeof(buffer), 0);
-          if (got > 0) {
-            c.in.append(buffer, static_cast<size_t>(got));
-            continue;
-          }
-          if (got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) ok = false;
-          if (got < 0 && errno == EINTR) continue;
-          break;
-        }
-      }
-      if (ok) handle_input(c, ok);
-      if (ok && (fds[i].revents & POLLOUT)) flush(c, ok);
+      if (fds[i].revents & POLLIN) ok = read_from(c, now, changed);
+      if (ok && (fds[i].revents & POLLOUT)) ok = flush(c, now);
+      // Hung up or failed while we did not want its input: it is gone.
+      if (ok && (fds[i].revents & (POLLHUP | POLLERR)) && !(fds[i].revents & POLLIN)) ok = false;
       if (!ok) dropped.push_back(c.fd);
     }
-    for (int fd : dropped) {
-      close(fd);
-      connections.erase(fd);
-    }
-    // A set or add may release parked requests, whose answers may let further
-    // buffered requests of those clients run (and change the store again).
-    now = Clock::now();
-    bool again = true;
-    while (again) {
-      again = false;
-      dropped.clear();
-      for (auto& entry : connections) {
-        Connection& c = entry.second;
-        if (!c.parked) continue;
-        try_unpark(c, now);
-        if (c.parked) continue;
-        bool ok = true;
-        if (handle_input(c, ok)) again = true;
-        if (ok) flush(c, ok);
-        if (!ok) dropped.push_back(c.fd);
-      }
-      for (int fd : dropped) {
-        close(fd);
-        connections.erase(fd);
+    for (int fd : dropped) drop(fd);
+
+    // Parked requests whose keys appeared or whose deadline passed; idle
+    // connections.
+    dropped.clear();
+    for (auto& entry : connections) {
+      Connection& c = entry.second;
+      if (c.session.parked) {
+        service.try_unpark(c.session, now);
+        if (!c.session.parked && !flush(c, now)) dropped.push_back(c.fd);
+      } else if (now >= idle_deadline(c)) {
+        dropped.push_back(c.fd);
       }
     }
+    (void)changed;  // every parked request is looked at each pass anyway
+    for (int fd : dropped) drop(fd);
   }
 }
 
-void TcpStoreServer::Impl::accept_all() {
+bool TcpStoreServer::Impl::read_from(Connection& c, Clock::time_point now, bool& changed) {
+  char buffer[65536];
+  size_t budget = kReadBudget;
   for (;;) {
-    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    const size_t want = std::min({service.wanted(c.session), sizeof(buffer), budget});
+    if (want == 0) return true;
+    const ssize_t got = recv(c.fd, buffer, want, 0);
+    if (got > 0) {
+      c.last_activity = now;
+      budget -= static_cast<size_t>(got);
+      if (!service.receive(c.session, buffer, static_cast<size_t>(got), now, changed)) return false;
+      if (!c.session.out.empty() && !flush(c, now)) return false;
+      continue;
+    }
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    return false;  // closed by the client, or an error
+  }
+}
+
+bool TcpStoreServer::Impl::flush(Connection& c, Clock::time_point now) {
+  std::string& out = c.session.out;
+  size_t sent_total = 0;
+  while (sent_total < out.size()) {
+    const ssize_t sent = send(c.fd, out.data() + sent_total, out.size() - sent_total, MSG_NOSIGNAL);
+    if (sent > 0) {
+      sent_total += static_cast<size_t>(sent);
+      c.last_activity = now;
+      continue;
+    }
+    if (sent < 0 && errno == EINTR) continue;
+    if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;  // POLLOUT later
+    return false;
+  }
+  out.erase(0, sent_total);
+  return true;
+}
+
+void TcpStoreServer::Impl::accept_all(Clock::time_point now) {
+  for (;;) {
+    const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
-      // Out of descriptors: the listening socket stays readable, so back off
-      // instead of spinning. Otherwise EAGAIN, or a client that gave up.
-      if (errno == EMFILE || errno == ENFILE) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      // Out of descriptors: the listening socket stays readable, so pause
+      // accepting (without blocking the loop) instead of spinning.
+      if (errno == EMFILE || errno == ENFILE) accept_paused_until = now + kAcceptPause;
+      return;  // otherwise EAGAIN, or a client that gave up
+    }
+    if (static_cast<int>(connections.size()) >= options.max_connections) {
+      // Make room by closing the oldest connection that has not proven
+      // itself; when every connection has, refuse the new one.
+      auto oldest = connections.end();
+      for (auto it = connections.begin(); it != connections.end(); ++it) {
+        if (!it->second.session.proven &&
+            (oldest == connections.end() || it->second.opened < oldest->second.opened)) {
+          oldest = it;
+        }
       }
-      return;
+      if (oldest != connections.end()) {
+        drop(oldest->first);
+      } else {
+        close(fd);
+        ++refused;
+        if (now - last_refusal_report >= kRefusalReportInterval) {
+          report("refused " + std::to_string(refused) +
+                 " connection(s): " + std::to_string(options.max_connections) +
+                 " connections are open (KOLO_STORE_MAX_CONNECTIONS)");
+          refused = 0;
+          last_refusal_report = now;
+        }
+        continue;
+      }
     }
     set_nodelay(fd);
     Connection& c = connections[fd];
     c.fd = fd;
-    if (!secret.empty()) {
-      c.nonce = random_nonce();
-      c.out = seal("", 0, "", 0, c.nonce);  // the challenge itself is not signed
-      bool ok = true;
-      flush(c, ok);
-      if (!ok) {
-        close(fd);
-        connections.erase(fd);
-      }
-    }
+    c.opened = c.last_activity = now;
+    c.session.peer = peer_address(fd);
+    service.open(c.session, options.secret.empty() ? "" : sp::random_nonce());
+    if (!c.session.out.empty() && !flush(c, now)) drop(fd);
   }
 }
 
-bool TcpStoreServer::Impl::handle_input(Connection& c, bool& ok) {
-  bool changed = false;
-  while (ok && !c.parked && c.in.size() >= 4) {
-    uint32_t body_bytes = peek_u32(c.in);
-    if (body_bytes > kMaxFrameBytes) {
-      ok = false;  // not our protocol
-      break;
-    }
-    if (c.in.size() < 4 + size_t(body_bytes)) break;
-    const char* body = c.in.data() + 4;
-    size_t message_bytes = body_bytes;
-    if (!secret.empty()) {
-      const bool signed_ok =
-          body_bytes >= kTagBytes &&
-          detail::digest_equal(
-              reinterpret_cast<const uint8_t*>(body),
-              reinterpret_cast<const uint8_t*>(
-                  tag_of(secret, 'q', c.nonce, c.requests, body + kTagBytes, body_bytes - kTagBytes)
-                      .data()),
-              kTagBytes);
-      if (!signed_ok) {
-        if (on_reject) {
-          on_reject("rejected a connection from " + peer_address(c.fd) +
-                    ": a message without a valid tag of this job's secret (request " +
-                    std::to_string(c.requests) + " on the connection)");
-        }
-        ok = false;
-        break;
-      }
-      body += kTagBytes;
-      message_bytes -= kTagBytes;
-    }
-    Reader r(body, message_bytes);
-    try {
-      changed |= handle_request(c, r);
-    } catch (const std::exception&) {
-      ok = false;  // malformed request (ProtocolError) or out of memory: drop this client
-    }
-    c.in.erase(0, 4 + size_t(body_bytes));
+void store_limits_from(const Config& config, TcpStoreServer::Options& options) {
+  const int64_t bytes = config.get_int("KOLO_STORE_MAX_MESSAGE_BYTES");
+  const int64_t connections = config.get_int("KOLO_STORE_MAX_CONNECTIONS");
+  const double idle = config.get_double("KOLO_STORE_IDLE_TIMEOUT_SECONDS");
+  if (bytes < 64 || bytes > sp::kMaxFrameBytes) {
+    throw ContractError("kolo config: KOLO_STORE_MAX_MESSAGE_BYTES=" + std::to_string(bytes) +
+                        " is not in [64, " + std::to_string(sp::kMaxFrameBytes) + "]");
   }
-  if (ok) flush(c, ok);
-  return changed;
-}
-
-bool TcpStoreServer::Impl::handle_request(Connection& c, Reader& r) {
-  Writer w;
-  uint8_t op = r.u8();
-  switch (op) {
-    case kSet: {
-      std::string key = r.str();
-      data[key] = r.bytes();
-      w.u8(kOk);
-      reply(c, w);
-      return true;
-    }
-    case kGet: {
-      c.parked_keys = {r.str()};
-      int64_t timeout_ms = r.i64();
-      c.parked = true;
-      c.parked_op = kGet;
-      c.deadline = Clock::now() + std::chrono::milliseconds(std::max<int64_t>(0, timeout_ms));
-      try_unpark(c, Clock::time_point::min());  // answers at once if the key exists
-      return false;
-    }
-    case kWait: {
-      uint32_t n = r.u32();
-      std::vector<std::string> keys;
-      for (uint32_t i = 0; i < n; ++i) keys.push_back(r.str());
-      int64_t timeout_ms = r.i64();
-      c.parked_keys = std::move(keys);
-      c.parked = true;
-      c.parked_op = kWait;
-      c.deadline = Clock::now() + std::chrono::milliseconds(std::max<int64_t>(0, timeout_ms));
-      try_unpark(c, Clock::time_point::min());
-      return false;
-    }
-    case kAdd: {
-      std::string key = r.str();
-      int64_t delta = r.i64();
-      int64_t value = 0;
-      auto it = data.find(key);
-      if (it != data.end()) {
-        std::string text(it->second.begin(), it->second.end());
-        char* end = nullptr;
-        errno = 0;
-        long long parsed = std::strtoll(text.c_str(), &end, 10);
-        if (text.empty() || *end != '\0' || errno != 0) {
-          w.u8(kError);
-          w.str("the existing value of '" + key + "' is not a decimal integer");
-          reply(c, w);
-          return false;
-        }
-        value = parsed;
-      }
-      value += delta;
-      std::string text = std::to_string(value);
-      data[key] = Bytes(text.begin(), text.end());
-      w.u8(kOk);
-      w.i64(value);
-      reply(c, w);
-      return true;
-    }
-    case kCheck: {
-      uint32_t n = r.u32();
-      bool present = true;
-      for (uint32_t i = 0; i < n; ++i) present &= data.count(r.str()) > 0;
-      w.u8(kOk);
-      w.u8(present ? 1 : 0);
-      reply(c, w);
-      return false;
-    }
-    case kErase: {
-      bool existed = data.erase(r.str()) > 0;
-      w.u8(kOk);
-      w.u8(existed ? 1 : 0);
-      reply(c, w);
-      return existed;
-    }
-    default:
-      throw ProtocolError("unknown op");
+  if (connections < 1 || connections > 1000000) {
+    throw ContractError("kolo config: KOLO_STORE_MAX_CONNECTIONS=" + std::to_string(connections) +
+                        " is not in [1, 1000000]");
   }
-}
-
-void TcpStoreServer::Impl::reply(Connection& c, const Writer& w) {
-  if (secret.empty()) {
-    c.out += w.frame();
-  } else {
-    c.out += seal(secret, 'r', c.nonce, c.requests, w.body());
+  if (!(idle > 0) || idle > 1e9) {
+    throw ContractError("kolo config: KOLO_STORE_IDLE_TIMEOUT_SECONDS=" + std::to_string(idle) +
+                        " is not a number of seconds > 0");
   }
-  ++c.requests;
-}
-
-void TcpStoreServer::Impl::try_unpark(Connection& c, Clock::time_point now) {
-  if (!c.parked) return;
-  Writer w;
-  if (all_present(c.parked_keys)) {
-    w.u8(kOk);
-    if (c.parked_op == kGet) w.bytes(data[c.parked_keys[0]]);
-  } else if (now >= c.deadline) {
-    w.u8(kTimeout);
-    if (c.parked_op == kWait) {
-      std::vector<std::string> missing;
-      for (const auto& key : c.parked_keys)
-        if (!data.count(key)) missing.push_back(key);
-      w.u32(static_cast<uint32_t>(missing.size()));
-      for (const auto& key : missing) w.str(key);
-    }
-  } else {
-    return;
-  }
-  reply(c, w);
-  c.parked = false;
-  c.parked_keys.clear();
-}
-
-void TcpStoreServer::Impl::flush(Connection& c, bool& ok) {
-  while (!c.out.empty()) {
-    ssize_t sent = send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
-    if (sent > 0) {
-      c.out.erase(0, static_cast<size_t>(sent));
-      continue;
-    }
-    if (sent < 0 && errno == EINTR) continue;
-    if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;  // POLLOUT later
-    ok = false;
-    return;
-  }
+  options.max_message_bytes = static_cast<size_t>(bytes);
+  options.max_connections = static_cast<int>(connections);
+  options.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(idle * 1000.0 + 0.5));
 }
 
 // ---- client ----
@@ -624,27 +403,27 @@ class TcpStore : public Store {
   }
 
   void set(const std::string& key, const Bytes& value) override {
-    if (value.size() + key.size() > kMaxFrameBytes - 64) {
+    if (value.size() + key.size() > sp::kMaxFrameBytes - 64) {
       throw ContractError("kolo store: set('" + key + "'): value of " +
                           std::to_string(value.size()) + " bytes exceeds the limit of " +
-                          std::to_string(kMaxFrameBytes - 64) + " bytes");
+                          std::to_string(sp::kMaxFrameBytes - 64) + " bytes");
     }
-    Writer w;
-    w.u8(kSet);
+    sp::Writer w;
+    w.u8(sp::kSet);
     w.str(key);
     w.bytes(value);
     call("set('" + key + "')", w, std::chrono::milliseconds(0));
   }
 
   Bytes get(const std::string& key, std::chrono::milliseconds timeout) override {
-    Writer w;
-    w.u8(kGet);
+    sp::Writer w;
+    w.u8(sp::kGet);
     w.str(key);
     w.i64(timeout.count());
     std::string reply = call("get('" + key + "')", w, timeout);
-    Reader r(reply.data(), reply.size());
+    sp::Reader r(reply.data(), reply.size());
     uint8_t status = r.u8();
-    if (status == kTimeout) {
+    if (status == sp::kTimeout) {
       throw TimeoutError("kolo store " + where() + ": get timed out after " +
                          std::to_string(timeout.count()) + " ms waiting for key '" + key +
                          "'; the rank that should set it has not arrived (is it running?)");
@@ -653,36 +432,36 @@ class TcpStore : public Store {
   }
 
   int64_t add(const std::string& key, int64_t delta) override {
-    Writer w;
-    w.u8(kAdd);
+    sp::Writer w;
+    w.u8(sp::kAdd);
     w.str(key);
     w.i64(delta);
     std::string reply = call("add('" + key + "')", w, std::chrono::milliseconds(0));
-    Reader r(reply.data(), reply.size());
-    if (r.u8() == kError) throw ContractError("kolo store " + where() + ": add: " + r.str());
+    sp::Reader r(reply.data(), reply.size());
+    r.u8();
     return r.i64();
   }
 
   bool check(const std::vector<std::string>& keys) override {
-    Writer w;
-    w.u8(kCheck);
+    sp::Writer w;
+    w.u8(sp::kCheck);
     w.u32(static_cast<uint32_t>(keys.size()));
     for (const auto& key : keys) w.str(key);
     std::string reply = call("check", w, std::chrono::milliseconds(0));
-    Reader r(reply.data(), reply.size());
+    sp::Reader r(reply.data(), reply.size());
     r.u8();
     return r.u8() != 0;
   }
 
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
-    Writer w;
-    w.u8(kWait);
+    sp::Writer w;
+    w.u8(sp::kWait);
     w.u32(static_cast<uint32_t>(keys.size()));
     for (const auto& key : keys) w.str(key);
     w.i64(timeout.count());
     std::string reply = call("wait", w, timeout);
-    Reader r(reply.data(), reply.size());
-    if (r.u8() == kTimeout) {
+    sp::Reader r(reply.data(), reply.size());
+    if (r.u8() == sp::kTimeout) {
       std::vector<std::string> missing(r.u32());
       for (auto& key : missing) key = r.str();
       throw TimeoutError("kolo store " + where() + ": wait timed out after " +
@@ -692,11 +471,11 @@ class TcpStore : public Store {
   }
 
   bool erase(const std::string& key) override {
-    Writer w;
-    w.u8(kErase);
+    sp::Writer w;
+    w.u8(sp::kErase);
     w.str(key);
     std::string reply = call("erase('" + key + "')", w, std::chrono::milliseconds(0));
-    Reader r(reply.data(), reply.size());
+    sp::Reader r(reply.data(), reply.size());
     r.u8();
     return r.u8() != 0;
   }
@@ -719,55 +498,104 @@ class TcpStore : public Store {
     uint64_t requests = 0;
   };
 
-  // Sends one request on a pooled connection and returns the reply body.
-  std::string call(const std::string& what, const Writer& request,
+  // Sends one request on a pooled connection and returns the reply body (its
+  // status byte first). A kError reply is a ContractError.
+  std::string call(const std::string& what, const sp::Writer& request,
                    std::chrono::milliseconds timeout) {
-    Link link = acquire();
-    try {
-      auto deadline = Clock::now() + std::max(timeout, std::chrono::milliseconds(0)) +
-                      std::max(connect_timeout_, kReplyGrace);
-      send_all(link.fd, seal(secret_, 'q', link.nonce, link.requests, request.body()), what);
-      std::string body = read_frame(link.fd, deadline, what);
-      if (!secret_.empty()) {
-        const std::string tag = body.size() >= kTagBytes
-                                    ? tag_of(secret_, 'r', link.nonce, link.requests,
-                                             body.data() + kTagBytes, body.size() - kTagBytes)
-                                    : std::string();
-        if (tag.empty() || !detail::digest_equal(reinterpret_cast<const uint8_t*>(body.data()),
-                                                 reinterpret_cast<const uint8_t*>(tag.data()),
-                                                 kTagBytes)) {
-          lost(what,
-               "a reply without a valid tag of this job's secret (KOLO_JOB_SECRET differs from "
-               "the server's, or another process answered)");
-        }
-        body.erase(0, kTagBytes);
-        if (body.empty()) lost(what, "malformed reply");
+    for (int attempt = 0;; ++attempt) {
+      bool reused = false;
+      Link link = acquire(reused);
+      bool answered = false;  // any byte of the reply arrived
+      std::string body;
+      try {
+        auto deadline = Clock::now() + std::max(timeout, std::chrono::milliseconds(0)) +
+                        std::max(connect_timeout_, kReplyGrace);
+        send_all(link.fd, sp::seal(secret_, 'Q', link.nonce, link.requests, request.body()), what);
+        body = read_reply(link, deadline, what, answered);
+      } catch (const TimeoutError&) {
+        close(link.fd);  // the request may have been handled: no retry
+        throw;
+      } catch (const RuntimeFault&) {
+        close(link.fd);  // the stream may be mid-message: never reuse it
+        // The server closes connections idle for long: a pooled one may have
+        // been closed just before this request went out. It did not handle
+        // the request then (it closes only connections with nothing in
+        // flight), so one retry on a fresh connection is safe.
+        if (reused && !answered && attempt == 0) continue;
+        throw;
+      } catch (...) {
+        close(link.fd);
+        throw;
       }
       ++link.requests;
       release(link);
+      if (static_cast<uint8_t>(body[0]) == sp::kError) {
+        sp::Reader r(body.data(), body.size());
+        r.u8();
+        std::string message;
+        try {
+          message = r.str();
+        } catch (const sp::ProtocolError&) {
+          message = "(no message)";
+        }
+        throw ContractError("kolo store " + where() + ": " + what + ": " + message);
+      }
       return body;
-    } catch (...) {
-      close(link.fd);  // the stream may be mid-message: never reuse it
-      throw;
     }
+  }
+
+  // One reply frame: with a secret, its header tag is checked before the
+  // message is read, and its message tag after.
+  std::string read_reply(const Link& link, Clock::time_point deadline, const std::string& what,
+                         bool& answered) {
+    const bool authenticated = !secret_.empty();
+    const std::string header =
+        recv_exactly(link.fd, sp::header_bytes(authenticated), deadline, what, answered);
+    if (authenticated &&
+        !sp::header_valid(secret_, 'R', link.nonce, link.requests, header.data())) {
+      lost(what,
+           "a reply without a valid tag of this job's secret (KOLO_JOB_SECRET differs from "
+           "the server's, or another process answered)");
+    }
+    const uint32_t bytes = sp::get_u32(header.data());
+    if (bytes == 0 || bytes > sp::kMaxFrameBytes) lost(what, "malformed reply");
+    std::string body = recv_exactly(link.fd, bytes + (authenticated ? sp::kTagBytes : 0), deadline,
+                                    what, answered);
+    if (authenticated) {
+      if (!sp::message_valid(secret_, 'R', link.nonce, link.requests, body.data(), bytes)) {
+        lost(what, "a reply whose tag does not match its contents");
+      }
+      body.resize(bytes);
+    }
+    return body;
   }
 
   std::string read_frame(int fd, Clock::time_point deadline, const std::string& what) {
-    std::string header = recv_exactly(fd, 4, deadline, what);
-    uint32_t body_bytes = peek_u32(header);
-    if (body_bytes == 0 || body_bytes > kMaxFrameBytes) lost(what, "malformed reply");
-    return recv_exactly(fd, body_bytes, deadline, what);
+    bool answered = false;
+    const std::string header = recv_exactly(fd, 4, deadline, what, answered);
+    const uint32_t body_bytes = sp::get_u32(header.data());
+    if (body_bytes == 0 || body_bytes > sp::kMaxFrameBytes) lost(what, "malformed reply");
+    return recv_exactly(fd, body_bytes, deadline, what, answered);
   }
 
-  Link acquire() {
+  // A pooled connection (`reused`) or a new one. A pooled one that the
+  // server has closed (idle) reads as ready: it is dropped.
+  Link acquire(bool& reused) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!idle_.empty()) {
+      while (!idle_.empty()) {
         Link link = idle_.back();
         idle_.pop_back();
+        pollfd p{link.fd, POLLIN, 0};
+        if (poll(&p, 1, 0) != 0) {  // closed by the server (it never speaks first)
+          close(link.fd);
+          continue;
+        }
+        reused = true;
         return link;
       }
     }
+    reused = false;
     return open_connection();
   }
 
@@ -786,7 +614,9 @@ class TcpStore : public Store {
     }
   }
 
-  std::string recv_exactly(int fd, size_t n, Clock::time_point deadline, const std::string& what) {
+  // `answered` becomes true once any byte arrived.
+  std::string recv_exactly(int fd, size_t n, Clock::time_point deadline, const std::string& what,
+                           bool& answered) {
     std::string out(n, '\0');
     size_t done = 0;
     while (done < n) {
@@ -805,6 +635,7 @@ class TcpStore : public Store {
       if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
       if (got == 0) lost(what, "connection closed by the server");
       if (got < 0) lost(what, errno_text(errno));
+      answered = true;
       done += static_cast<size_t>(got);
     }
     return out;
@@ -823,7 +654,7 @@ class TcpStore : public Store {
         close(link.fd);
         throw;
       }
-      if (link.nonce.size() != kNonceBytes) {
+      if (link.nonce.size() != sp::kNonceBytes) {
         close(link.fd);
         lost("the authentication handshake",
              "the server sent no nonce (it serves the store without a secret: unset "

@@ -187,6 +187,7 @@ std::string rogue_attempt(const std::string& host, int port) {
   put_u32(frame, static_cast<uint32_t>(body.size()));
   frame += body;
   send(fd, frame.data(), frame.size(), MSG_NOSIGNAL);
+  shutdown(fd, SHUT_WR);  // all it had to say (the server waits for no more)
   char reply[64];
   ssize_t n = recv(fd, reply, sizeof(reply), 0);
   close(fd);

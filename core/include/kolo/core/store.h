@@ -53,20 +53,39 @@ std::shared_ptr<Store> connect_tcp_store(const std::string& host, int port,
 
 // TCP store server. Served by kolorun (or, without kolorun, by rank 0 in
 // torchrun-style bootstrap). Runs its own thread until destroyed.
+class Config;
+
 class TcpStoreServer {
  public:
   struct Options {
     std::string bind_address = "127.0.0.1";  // "0.0.0.0" when other hosts take part
     int port = 0;                            // 0 = pick a free port
-    // When non-empty, every message in both directions carries an HMAC-SHA256
-    // tag under this key over (direction, a random per-connection nonce the
-    // server sends first, a message counter, the message): a client without
-    // the secret can neither read nor write the store, and a recorded message
-    // cannot be replayed. A message with a wrong tag closes its connection.
+    // When non-empty, every message in both directions carries HMAC-SHA256
+    // tags under this key over (direction, a random per-connection nonce the
+    // server sends first, a message counter, the message's length, the
+    // message): a client without the secret can neither read nor write the
+    // store, a recorded message cannot be replayed, and a connection whose
+    // first 36 bytes carry no valid tag is closed before anything else of it
+    // is read.
     std::string secret;
     // Called on the server's thread for each connection closed for a bad
-    // tag, with the peer address and the reason (kolorun logs it).
+    // tag and for connections refused at max_connections, with the peer
+    // address and the reason (kolorun logs it).
     std::function<void(const std::string& message)> on_reject;
+
+    // Limits against broken or hostile clients (kolorun and rank 0 take them
+    // from KOLO_STORE_*; see store_limits_from). Memory per connection stays
+    // below max_message_bytes + 1 MiB of unsent replies + a small constant.
+    // Largest request (key + value + 13 bytes); a bigger one is answered
+    // with an error naming this limit and its bytes are skipped unread.
+    size_t max_message_bytes = size_t{16} << 20;
+    // Open connections; at the limit a new one replaces the oldest that has
+    // not yet sent a whole valid request, else it is closed at once.
+    int max_connections = 1024;
+    // A connection with no request parked and no traffic for this long is
+    // closed (clients reconnect by themselves); one that has not sent a whole
+    // valid request is closed after min(idle_timeout, 10 s).
+    std::chrono::milliseconds idle_timeout{std::chrono::seconds(300)};
   };
   explicit TcpStoreServer(const Options& options);
   ~TcpStoreServer();
@@ -78,5 +97,10 @@ class TcpStoreServer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Sets options' limits from KOLO_STORE_MAX_MESSAGE_BYTES,
+// KOLO_STORE_MAX_CONNECTIONS and KOLO_STORE_IDLE_TIMEOUT_SECONDS; a value out
+// of range is a ContractError naming the variable.
+void store_limits_from(const Config& config, TcpStoreServer::Options& options);
 
 }  // namespace kolo
