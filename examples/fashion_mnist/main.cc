@@ -14,10 +14,10 @@
 //   2. load the data and give each worker its shard (DistributedSampler)
 //   3. build the model (the seed's Keras CNN)
 //   4. scale the learning rate by the number of workers, reached by a warmup
-//   5. wrap the optimizer in kolo::DistributedOptimizer (or, with --zero-stage 1-3,
-//      kolo::ZeroOptimizer, which shards it across the workers)
-//   6. start every worker from rank 0's weights and optimizer state
-//      (or from a checkpoint)
+//   5. start every worker from rank 0's weights and optimizer state
+//   6. wrap the optimizer in kolo::DistributedOptimizer (or, with --zero-stage 1-3,
+//      kolo::ZeroOptimizer, which shards it across the workers), and resume
+//      from a checkpoint if asked
 //   7. train; average the metrics across workers; rank 0 prints and saves
 //
 // With --elastic (under kolorun --min-np/--max-np) the same training survives
@@ -44,7 +44,6 @@
 #include "fashion_mnist_data.h"
 #include "kolo/torch.h"
 #include "model.h"
-#include "training_optimizer.h"
 
 namespace {
 
@@ -274,29 +273,32 @@ int run(const Flags& flags) {
   const kolo::LrSchedule schedule(schedule_options);
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(flags.lr));
 
-  // --- 5. The distributed optimizer -------------------------------------------
+  // --- 5. Same starting point on every worker -----------------------------
+  // Rank 0's weights and optimizer state (Adam has none yet; a checkpoint
+  // overwrites both below).
+  kolo::broadcast_parameters(*model, /*root=*/0);
+  kolo::broadcast_optimizer_state(adam, /*root=*/0);
+
+  // --- 6. The distributed optimizer -------------------------------------------
   // backward() hands the gradients to kolo's engine in buckets (DDP's 25 MiB
   // by default; this model's 4.8 MB of gradients make one bucket, averaged
   // over the workers in one fused allreduce as backward() ends);
-  // optimizer.step() waits for them, then steps Adam.
-  // With --zero-stage 1-3, kolo::ZeroOptimizer shards Adam's state (and the
-  // gradients, and the parameters) across the workers instead.
-  //
-  // --- 6. Same starting point on every worker -----------------------------
-  // Rank 0's weights and optimizer state, or the checkpoint with --resume
-  // (training_optimizer.h does both for either optimizer).
-  fashion_mnist::TrainingOptimizerOptions optimizer_options;
+  // optimizer->step() waits for them, then steps Adam. With --zero-stage 1-3
+  // the same call builds a kolo::ZeroOptimizer, which shards Adam's state
+  // (and the gradients, and the parameters) across the workers instead.
+  kolo::ParallelOptimizerOptions optimizer_options;
   optimizer_options.zero_stage = flags.zero_stage;
-  optimizer_options.compression = flags.compression;
-  optimizer_options.checkpoint_dir = flags.checkpoint_dir;
-  optimizer_options.resume = flags.resume;
-  fashion_mnist::TrainingOptimizer optimizer(adam, *model, optimizer_options);
-  const std::string checkpoint_path = flags.checkpoint_dir.empty() ? "" : optimizer.path();
+  optimizer_options.compression = kolo::parse_compression(flags.compression);
+  const std::unique_ptr<kolo::ParallelOptimizer> optimizer =
+      kolo::make_parallel_optimizer(adam, *model, optimizer_options);
+  // --resume: every worker continues from the checkpoint, whatever stage and
+  // worker count wrote it.
   int first_epoch = 0;
   if (flags.resume) {
-    first_epoch = static_cast<int>(optimizer.resumed().epoch);
-    if (chief)
-      std::printf("Resumed from %s after epoch %d\n", checkpoint_path.c_str(), first_epoch);
+    first_epoch = static_cast<int>(kolo::load_checkpoint(flags.checkpoint_dir, *optimizer).epoch);
+    if (chief) {
+      std::printf("Resumed from %s after epoch %d\n", flags.checkpoint_dir.c_str(), first_epoch);
+    }
   }
   // Dropout masks differ per worker (the weights are already identical).
   torch::manual_seed(flags.seed + 1000003ULL * static_cast<uint64_t>(rank + 1));
@@ -344,7 +346,7 @@ int run(const Flags& flags) {
       const torch::Tensor labels = train.labels.index_select(0, rows);            // (B)
 
       kolo::apply_lr(adam, schedule.lr(epoch, step));
-      optimizer.zero_grad();
+      optimizer->zero_grad();
       const torch::Tensor logits = model->forward(images);  // (B, 10)
       const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
       if (balancer) {
@@ -356,7 +358,7 @@ int run(const Flags& flags) {
       } else {
         loss.backward();  // gradients' allreduces start here, in buckets (one, for this model)
       }
-      optimizer.step();  // waits for the averaged gradients, then steps Adam
+      optimizer->step();  // waits for the averaged gradients, then steps Adam
 
       const int64_t b = rows.size(0);
       loss_sum += loss.item<double>() * static_cast<double>(b);
@@ -393,16 +395,15 @@ int run(const Flags& flags) {
     }
     records.push_back({epoch + 1, epoch_s, images_per_s, train_loss, train_accuracy, eval});
 
-    // Checkpoint (atomically): rank 0 writes the file at --zero-stage 0, every
-    // rank its shard at stages 1-3; the call is collective either way.
-    if (!checkpoint_path.empty()) {
-      if (chief) std::filesystem::create_directories(flags.checkpoint_dir);
+    // Checkpoint (atomically, collective): rank 0 writes the whole model and
+    // Adam at --zero-stage 0, every worker its shard at stages 1-3.
+    if (!flags.checkpoint_dir.empty()) {
       kolo::CheckpointState state;
       state.epoch = epoch + 1;  // epochs completed
       state.seed = flags.seed;
       state.sampler = {epoch + 1, 0};
-      optimizer.save(state);
-      if (chief) std::printf("Saved %s\n", checkpoint_path.c_str());
+      kolo::save_checkpoint(flags.checkpoint_dir, *optimizer, state);
+      if (chief) std::printf("Saved %s\n", flags.checkpoint_dir.c_str());
     }
   }
   if (chief && !records.empty()) {

@@ -300,5 +300,68 @@ TEST(ParallelOptimizer, OneCheckpointCallResumesEveryStage) {
   }
 }
 
+// One schema: a checkpoint saved at one stage and world size resumes at any
+// other, and the resumed run ends where the uninterrupted one does (the same
+// global batches: every world splits each step's 12 rows evenly).
+TEST(ParallelOptimizer, ACheckpointOfAnyStageResumesAtAnyOtherStageAndWorldSize) {
+  torch::set_num_threads(1);
+  torch::manual_seed(24);
+  zt::ZeroNet initial;
+  const auto batches = zt::make_batches(4, 12);
+  auto train = [&](zt::ZeroNet& model, ParallelOptimizer& optimizer, int rank, int world,
+                   size_t from, size_t to) {
+    for (size_t s = from; s < to; ++s) {
+      optimizer.zero_grad();
+      zt::loss_of(model, batches[s].share(rank, world)).backward();
+      optimizer.step();
+    }
+  };
+  struct Case {
+    int stage, world, resume_stage, resume_world;
+  };
+  for (const Case c :
+       {Case{0, 2, 2, 3}, Case{0, 3, 3, 1}, Case{3, 2, 0, 3}, Case{1, 3, 0, 1}, Case{2, 1, 1, 2}}) {
+    const std::string what = "saved at stage " + std::to_string(c.stage) + " x" +
+                             std::to_string(c.world) + ", resumed at stage " +
+                             std::to_string(c.resume_stage) + " x" + std::to_string(c.resume_world);
+    testing::TempDir dir("kolo-any-stage");
+    // Uninterrupted, and saved after two steps.
+    auto straight = zt::copy_of(initial);
+    std::vector<std::shared_ptr<zt::ZeroNet>> first;
+    for (int r = 0; r < c.world; ++r) first.push_back(r == 0 ? straight : zt::copy_of(initial));
+    run_with_engines(c.world, [&](int rank, Engine& engine) {
+      auto adam = zt::make_optimizer(zt::Kind::kAdam, first[rank]->parameters());
+      auto optimizer =
+          make_parallel_optimizer(*adam, *first[rank], factory_options(c.stage, engine));
+      train(*first[rank], *optimizer, rank, c.world, 0, 2);
+      CheckpointState state;
+      state.step = 2;
+      state.extras["note"] = what;
+      save_checkpoint(dir.path(), *optimizer, state);
+      train(*first[rank], *optimizer, rank, c.world, 2, batches.size());
+      if (auto* zero = dynamic_cast<ZeroOptimizer*>(optimizer.get())) zero->gather_parameters();
+      ot::finish(engine);
+    });
+    // Resumed elsewhere.
+    std::vector<std::shared_ptr<zt::ZeroNet>> second;
+    for (int r = 0; r < c.resume_world; ++r) second.push_back(zt::copy_of(initial));
+    run_with_engines(c.resume_world, [&](int rank, Engine& engine) {
+      auto adam = zt::make_optimizer(zt::Kind::kAdam, second[rank]->parameters());
+      auto optimizer =
+          make_parallel_optimizer(*adam, *second[rank], factory_options(c.resume_stage, engine));
+      const CheckpointState state = load_checkpoint(dir.path(), *optimizer);
+      EXPECT_EQ(state.step, 2) << what;
+      EXPECT_EQ(state.extras.at("note"), what);
+      train(*second[rank], *optimizer, rank, c.resume_world, 2, batches.size());
+      if (auto* zero = dynamic_cast<ZeroOptimizer*>(optimizer.get())) zero->gather_parameters();
+      ot::finish(engine);
+    });
+    for (int r = 0; r < c.resume_world; ++r) {
+      ot::expect_params_close(*second[r], *straight, 1e-5, 1e-6,
+                              what + ", rank " + std::to_string(r));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kolo

@@ -11,6 +11,7 @@
 
 #include "common.h"
 #include "kolo/core/errors.h"
+#include "sharded_checkpoint.h"
 
 namespace kolo {
 
@@ -55,7 +56,10 @@ using detail::bytes_tensor;
 using detail::tensor_bytes;
 using detail::what_of;
 
-constexpr int64_t kPayloadFormat = 1;
+// 1: the training position under keys of its own ("epoch", "sampler/epoch",
+//    "extras/<i>/key" as bytes; still read);
+// 2: the training position in the one schema (write_checkpoint_state).
+constexpr int64_t kPayloadFormat = 2;
 
 [[noreturn]] void fail(const std::string& source, const std::string& what) {
   throw ContractError("kolo checkpoint '" + source + "': " + what);
@@ -96,11 +100,7 @@ std::string encode_checkpoint(const torch::nn::Module& model,
                               const std::vector<std::string>& rng_states) {
   torch::serialize::OutputArchive archive;
   archive.write("format", c10::IValue(kPayloadFormat));
-  archive.write("epoch", c10::IValue(state.epoch));
-  archive.write("step", c10::IValue(state.step));
-  archive.write("seed", c10::IValue(static_cast<int64_t>(state.seed)));
-  archive.write("sampler/epoch", c10::IValue(state.sampler.epoch));
-  archive.write("sampler/next_index", c10::IValue(state.sampler.next_index));
+  detail::write_checkpoint_state(archive, state);
 
   archive.write("model/manifest",
                 c10::IValue(detail::tensor_manifest(detail::module_tensors(model))));
@@ -119,14 +119,6 @@ std::string encode_checkpoint(const torch::nn::Module& model,
   for (size_t r = 0; r < rng_states.size(); ++r) {
     archive.write("rng/" + std::to_string(r), bytes_tensor(rng_states[r]), /*is_buffer=*/true);
   }
-
-  archive.write("extras/count", c10::IValue(static_cast<int64_t>(state.extras.size())));
-  size_t i = 0;
-  for (const auto& [key, value] : state.extras) {
-    const std::string prefix = "extras/" + std::to_string(i++);
-    archive.write(prefix + "/key", bytes_tensor(key), /*is_buffer=*/true);
-    archive.write(prefix + "/value", bytes_tensor(value), /*is_buffer=*/true);
-  }
   return detail::archive_to_bytes(archive);
 }
 
@@ -140,16 +132,28 @@ CheckpointState decode_checkpoint(const std::string& payload, torch::nn::Module&
     fail(source, std::string("the payload is not a readable archive: ") + what_of(e));
   }
   const int64_t format = read_int(archive, "format", source);
-  if (format != kPayloadFormat) {
+  if (format != 1 && format != kPayloadFormat) {
     fail(source, "payload format " + std::to_string(format) +
-                     " is not supported (this build reads " + std::to_string(kPayloadFormat) + ")");
+                     " is not supported (this build reads 1 and " + std::to_string(kPayloadFormat) +
+                     ")");
   }
   CheckpointState state;
-  state.epoch = read_int(archive, "epoch", source);
-  state.step = read_int(archive, "step", source);
-  state.seed = static_cast<uint64_t>(read_int(archive, "seed", source));
-  state.sampler.epoch = read_int(archive, "sampler/epoch", source);
-  state.sampler.next_index = read_int(archive, "sampler/next_index", source);
+  if (format == 1) {
+    state.epoch = read_int(archive, "epoch", source);
+    state.step = read_int(archive, "step", source);
+    state.seed = static_cast<uint64_t>(read_int(archive, "seed", source));
+    state.sampler.epoch = read_int(archive, "sampler/epoch", source);
+    state.sampler.next_index = read_int(archive, "sampler/next_index", source);
+    const int64_t extras = read_int(archive, "extras/count", source);
+    for (int64_t i = 0; i < extras; ++i) {
+      const std::string prefix = "extras/" + std::to_string(i);
+      std::string key = read_bytes(archive, prefix + "/key", source);
+      state.extras[key] = read_bytes(archive, prefix + "/value", source);
+    }
+  } else {
+    state = detail::read_checkpoint_state(
+        archive, [&](const std::string& what) { fail(source, "the payload " + what); });
+  }
 
   // Check the whole structure before touching the model or the optimizer.
   const std::string saved = read_string(archive, "model/manifest", source);
@@ -168,12 +172,6 @@ CheckpointState decode_checkpoint(const std::string& payload, torch::nn::Module&
   const int64_t rng_count = read_int(archive, "rng/count", source);
   for (int64_t r = 0; r < rng_count; ++r) {
     rng.push_back(read_bytes(archive, "rng/" + std::to_string(r), source));
-  }
-  const int64_t extras = read_int(archive, "extras/count", source);
-  for (int64_t i = 0; i < extras; ++i) {
-    const std::string prefix = "extras/" + std::to_string(i);
-    std::string key = read_bytes(archive, prefix + "/key", source);
-    state.extras[key] = read_bytes(archive, prefix + "/value", source);
   }
 
   try {
@@ -200,6 +198,77 @@ CheckpointState decode_checkpoint(const std::string& payload, torch::nn::Module&
   return state;
 }
 
+// --- The training position ----------------------------------------------------
+
+namespace detail {
+
+void write_checkpoint_state(torch::serialize::OutputArchive& a, const CheckpointState& s) {
+  a.write("state/epoch", c10::IValue(s.epoch));
+  a.write("state/step", c10::IValue(s.step));
+  a.write("state/seed", c10::IValue(static_cast<int64_t>(s.seed)));
+  a.write("state/sampler_epoch", c10::IValue(s.sampler.epoch));
+  a.write("state/sampler_next_index", c10::IValue(s.sampler.next_index));
+  a.write("state/extras/count", c10::IValue(static_cast<int64_t>(s.extras.size())));
+  int64_t e = 0;
+  for (const auto& [key, value] : s.extras) {
+    const std::string k = "state/extras/" + std::to_string(e++);
+    a.write(k + "/key", c10::IValue(key));
+    a.write(k + "/value", c10::IValue(bytes_tensor(value)));
+  }
+}
+
+std::vector<std::string> gather_generator_states(const std::string& name,
+                                                 const CallOptions& options) {
+  TensorOpOptions t;
+  static_cast<CallOptions&>(t) = options;
+  TensorHandle handle = allgather_async(bytes_tensor(default_generator_state()), name + ".rng", t);
+  const torch::Tensor all = handle.wait(options.timeout);
+  std::vector<std::string> states;
+  const char* data = static_cast<const char*>(all.data_ptr());
+  for (int64_t rows : handle.received_splits()) {
+    states.emplace_back(data, static_cast<size_t>(rows));
+    data += rows;
+  }
+  return states;
+}
+
+CheckpointState read_checkpoint_state(torch::serialize::InputArchive& a,
+                                      const std::function<void(const std::string&)>& fail) {
+  auto missing = [&](const std::string& what) {
+    fail(what);
+    throw ContractError(what);  // `fail` must throw; never carry on without the value
+  };
+  auto integer = [&](const std::string& key) {
+    c10::IValue v;
+    if (!a.try_read(key, v) || !v.isInt()) missing("has no integer '" + key + "'");
+    return v.toInt();
+  };
+  CheckpointState s;
+  s.epoch = integer("state/epoch");
+  s.step = integer("state/step");
+  s.seed = static_cast<uint64_t>(integer("state/seed"));
+  s.sampler.epoch = integer("state/sampler_epoch");
+  s.sampler.next_index = integer("state/sampler_next_index");
+  const int64_t extras = integer("state/extras/count");
+  // Past this bound the file is damaged; a loop over the count would only
+  // produce a slower error.
+  if (extras < 0 || extras > (int64_t{1} << 30)) {
+    missing("'state/extras/count' is " + std::to_string(extras) + " (a damaged checkpoint)");
+  }
+  for (int64_t i = 0; i < extras; ++i) {
+    const std::string k = "state/extras/" + std::to_string(i);
+    c10::IValue key, value;
+    if (!a.try_read(k + "/key", key) || !key.isString()) missing("has no string '" + k + "/key'");
+    if (!a.try_read(k + "/value", value) || !value.isTensor()) {
+      missing("has no tensor '" + k + "/value'");
+    }
+    s.extras[key.toStringRef()] = tensor_bytes(value.toTensor());
+  }
+  return s;
+}
+
+}  // namespace detail
+
 // --- Collective save and load -----------------------------------------------
 
 void save_checkpoint(const std::string& path, const torch::nn::Module& model,
@@ -216,18 +285,7 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model,
                         ")");
   }
   std::vector<std::string> rng_states;
-  if (options.rng) {
-    TensorOpOptions t;
-    static_cast<CallOptions&>(t) = o;
-    TensorHandle handle =
-        allgather_async(bytes_tensor(default_generator_state()), "save_checkpoint.rng", t);
-    const torch::Tensor all = handle.wait(options.timeout);
-    const char* data = static_cast<const char*>(all.data_ptr());
-    for (int64_t rows : handle.received_splits()) {
-      rng_states.emplace_back(data, static_cast<size_t>(rows));
-      data += rows;
-    }
-  }
+  if (options.rng) rng_states = detail::gather_generator_states("save_checkpoint", o);
   std::string error;
   if (position.rank == options.root) {
     try {

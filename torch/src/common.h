@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "kolo/torch/checkpoint.h"
 #include "kolo/torch/tensor.h"
 
 namespace torch::serialize {
@@ -59,6 +60,15 @@ std::string broadcast_from_root(const std::function<std::string()>& produce, int
 // messages, so that no rank carries on alone. One allgather, "<name>.status".
 void agree_on_outcome(const std::string& local_error, const std::string& op,
                       const std::string& name, const CallOptions& options);
+
+// The training position in an archive, under the keys "state/..." (epoch,
+// step, seed, sampler_epoch, sampler_next_index, extras/count,
+// extras/<i>/{key, value}): the one schema of every checkpoint file that holds
+// it (the single-file checkpoint, the sharded index). `fail` is called with
+// what is missing or malformed ("has no integer 'state/step'") and must throw.
+void write_checkpoint_state(torch::serialize::OutputArchive& archive, const CheckpointState& state);
+CheckpointState read_checkpoint_state(torch::serialize::InputArchive& archive,
+                                      const std::function<void(const std::string&)>& fail);
 
 // An optimizer's full state: Optimizer::save, a type tag, and every parameter
 // group's size and options (Optimizer::load in libtorch 1.13 restores the

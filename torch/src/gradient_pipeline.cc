@@ -173,7 +173,7 @@ void GradientPipeline::before_accumulate(size_t index) {
   const int k = options_.backward_passes_per_step;
   if (p.passes < k) return;
   throw ContractError(
-      options_.op + ": the gradient of '" + p.name + "' was computed again after its " +
+      options_.op + ": the gradient of '" + shown(p) + "' was computed again after its " +
       options_.exchange + " was started or queued: more than backward_passes_per_step (" +
       std::to_string(k) + ") backward passes before step(). " + options_.too_many_passes);
 }
@@ -309,9 +309,9 @@ bool GradientPipeline::in_flight() const {
 }
 
 std::string GradientPipeline::describe(const GradBucket& bucket) const {
-  if (bucket.params.size() == 1) return "'" + params[bucket.params.front()].name + "'";
-  return "bucket " + bucket.name + " ('" + params[bucket.params.front()].name + "' ... '" +
-         params[bucket.params.back()].name + "', " + std::to_string(bucket.params.size()) +
+  if (bucket.params.size() == 1) return "'" + shown(params[bucket.params.front()]) + "'";
+  return "bucket " + bucket.name + " ('" + shown(params[bucket.params.front()]) + "' ... '" +
+         shown(params[bucket.params.back()]) + "', " + std::to_string(bucket.params.size()) +
          " gradients)";
 }
 
@@ -328,7 +328,7 @@ void GradientPipeline::restart(const std::string& call) {
   // parameter unused on this rank keeps its bucket open until step()).
   if (!order_.empty()) {
     throw ContractError(options_.op + "::" + call + ": called after backward() completed the " +
-                        "gradient of '" + params[order_.front()].name +
+                        "gradient of '" + shown(params[order_.front()]) +
                         "' (queued in a bucket for its " + options_.exchange +
                         ") but before step() or synchronize(); call step() or synchronize() "
                         "first");

@@ -47,7 +47,7 @@ namespace kolo::detail {
 
 // One parameter whose gradient the pipeline exchanges.
 struct GradParam {
-  std::string name;  // in errors (and, for data parallelism, the request name)
+  std::string name;  // the model's name of the parameter (model.named_parameters())
   torch::Tensor param;
   int group = 0;       // parameter group of the wrapped optimizer
   int bucket = -1;     // the bucket holding it
@@ -108,6 +108,9 @@ class GradientPipeline {
 
   struct Options {
     std::string op;  // "kolo::DistributedOptimizer": errors start with it
+    // Errors name a parameter's gradient as name_prefix + its name (data
+    // parallelism: the request name, "grad/fc.weight").
+    std::string name_prefix;
     int backward_passes_per_step = 1;
     std::string exchange = "allreduce";  // what a launch starts, in errors
     // Whether a bucket complete inside backward is launched there (false:
@@ -195,6 +198,7 @@ class GradientPipeline {
   void complete(int b);                  // caller holds the mutex: wait, Policy::finished
   void reset();                          // caller holds the mutex
   std::string describe(const GradBucket& bucket) const;
+  std::string shown(const GradParam& p) const { return options_.name_prefix + p.name; }
 
   friend class PipelinePreHook;
   friend class PipelinePostHook;

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <limits>
 #include <mutex>
 #include <sstream>
@@ -17,6 +16,7 @@
 #include "common.h"
 #include "gradient_pipeline.h"
 #include "kolo/core/errors.h"
+#include "sharded_checkpoint.h"
 
 namespace kolo {
 
@@ -69,6 +69,7 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
   static detail::GradientPipeline::Options pipeline_options(const DistributedOptimizerOptions& o) {
     detail::GradientPipeline::Options p;
     p.op = kOp;
+    p.name_prefix = o.name_prefix;
     p.backward_passes_per_step = o.backward_passes_per_step;
     p.exchange = "allreduce";
     p.too_many_passes = "Call step() (or synchronize()) after every " +
@@ -156,7 +157,8 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
         s.from = grad;
         target = s.buffer;
       }
-      TensorHandle handle = allreduce_async_(target, pipeline.params[i].name, request);
+      TensorHandle handle =
+          allreduce_async_(target, options.name_prefix + pipeline.params[i].name, request);
       pipeline.buckets[b].work.push_back(handle.handle());
     }
   }
@@ -297,7 +299,7 @@ DistributedOptimizer::DistributedOptimizer(
       params.emplace_back(name, p);
     }
   }
-  build(params, error);
+  build(params, std::vector<int>(params.size(), 0), error);
 }
 
 DistributedOptimizer::DistributedOptimizer(
@@ -314,10 +316,11 @@ DistributedOptimizer::DistributedOptimizer(
     if (tensor.defined()) names.emplace(tensor.unsafeGetTensorImpl(), name);
   }
   std::vector<std::pair<std::string, torch::Tensor>> params;  // optimizer order
+  std::vector<int> groups;                                    // each one's parameter group
   std::unordered_map<const c10::TensorImpl*, int> seen;
-  const auto& groups = optimizer.param_groups();
-  for (size_t g = 0; g < groups.size() && error.empty(); ++g) {
-    const auto& group_params = groups[g].params();
+  const auto& param_groups = optimizer.param_groups();
+  for (size_t g = 0; g < param_groups.size() && error.empty(); ++g) {
+    const auto& group_params = param_groups[g].params();
     for (size_t j = 0; j < group_params.size(); ++j) {
       const torch::Tensor& p = group_params[j];
       const std::string where =
@@ -340,13 +343,14 @@ DistributedOptimizer::DistributedOptimizer(
         break;
       }
       params.emplace_back(it->second, p);
+      groups.push_back(static_cast<int>(g));
     }
   }
-  build(params, error);
+  build(params, groups, error);
 }
 
 void DistributedOptimizer::build(const std::vector<std::pair<std::string, torch::Tensor>>& params,
-                                 std::string error) {
+                                 const std::vector<int>& groups, std::string error) {
   Impl& impl = *impl_;
   const DistributedOptimizerOptions& options = impl.options;
   impl.call.engine = options.engine;
@@ -387,8 +391,9 @@ void DistributedOptimizer::build(const std::vector<std::pair<std::string, torch:
   }
 
   // Parameters with requires_grad == false are skipped on every rank.
-  for (const auto& [name, p] : params) {
-    if (p.requires_grad()) impl.pipeline.add(options.name_prefix + name, p);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, p] = params[i];
+    if (p.requires_grad()) impl.pipeline.add(name, p, groups[i]);
   }
   impl.staging.resize(impl.pipeline.params.size());
   impl.pipeline.set_layout(impl.layout_along(impl.reverse_order()));
@@ -444,7 +449,9 @@ const DistributedOptimizerOptions& DistributedOptimizer::options() const { retur
 std::vector<std::string> DistributedOptimizer::gradient_names() const {
   std::vector<std::string> names;
   names.reserve(impl_->pipeline.params.size());
-  for (const detail::GradParam& p : impl_->pipeline.params) names.push_back(p.name);
+  for (const detail::GradParam& p : impl_->pipeline.params) {
+    names.push_back(impl_->options.name_prefix + p.name);
+  }
   return names;
 }
 
@@ -453,7 +460,9 @@ std::vector<std::vector<std::string>> DistributedOptimizer::buckets() const {
   std::vector<std::vector<std::string>> out;
   for (const detail::GradBucket& bucket : impl_->pipeline.buckets) {
     out.emplace_back();
-    for (int i : bucket.params) out.back().push_back(impl_->pipeline.params[i].name);
+    for (int i : bucket.params) {
+      out.back().push_back(impl_->options.name_prefix + impl_->pipeline.params[i].name);
+    }
   }
   return out;
 }
@@ -468,27 +477,28 @@ DistributedOptimizer::Stats DistributedOptimizer::stats() const {
   return out;
 }
 
-void DistributedOptimizer::save(const std::string& dir, const CheckpointState& state) {
+detail::ReplicatedCheckpoint DistributedOptimizer::checkpoint_of(const char* call) {
   if (impl_->model == nullptr || impl_->optimizer == nullptr) {
-    throw ContractError(std::string(kOp) +
-                        ": kolo::save_checkpoint needs the model and the optimizer; construct "
-                        "the DistributedOptimizer from (optimizer, model, options)");
+    throw ContractError(std::string("kolo::") + call + ": this DistributedOptimizer " +
+                        (impl_->optimizer == nullptr ? "has no torch::optim::Optimizer"
+                                                     : "was built without the model") +
+                        "; construct it from (optimizer, model, options), as "
+                        "make_parallel_optimizer does");
   }
-  CheckpointOptions o;
-  static_cast<CallOptions&>(o) = impl_->call;
-  if (impl_->position.rank == 0) std::filesystem::create_directories(dir);
-  save_checkpoint(dir + "/checkpoint.kolo", *impl_->model, impl_->optimizer, state, o);
+  return {impl_->pipeline.params,
+          *impl_->optimizer,
+          *impl_->model,
+          impl_->position,
+          impl_->call,
+          "DistributedOptimizer[" + impl_->options.name_prefix + "]"};
+}
+
+void DistributedOptimizer::save(const std::string& dir, const CheckpointState& state) {
+  detail::save_replicated(dir, checkpoint_of("save_checkpoint"), state);
 }
 
 CheckpointState DistributedOptimizer::load(const std::string& dir) {
-  if (impl_->model == nullptr || impl_->optimizer == nullptr) {
-    throw ContractError(std::string(kOp) +
-                        ": kolo::load_checkpoint needs the model and the optimizer; construct "
-                        "the DistributedOptimizer from (optimizer, model, options)");
-  }
-  CheckpointOptions o;
-  static_cast<CallOptions&>(o) = impl_->call;
-  return load_checkpoint(dir + "/checkpoint.kolo", *impl_->model, impl_->optimizer, o);
+  return detail::load_replicated(dir, checkpoint_of("load_checkpoint"));
 }
 
 }  // namespace kolo

@@ -221,18 +221,12 @@ std::string encode_zero_index(const ZeroIndexFile& index) {
     a.write(k + "/name", c10::IValue(index.buffers[i].first));
     a.write(k + "/value", c10::IValue(index.buffers[i].second));
   }
-  const CheckpointState& s = index.state;
-  a.write("state/epoch", c10::IValue(s.epoch));
-  a.write("state/step", c10::IValue(s.step));
-  a.write("state/seed", c10::IValue(static_cast<int64_t>(s.seed)));
-  a.write("state/sampler_epoch", c10::IValue(s.sampler.epoch));
-  a.write("state/sampler_next_index", c10::IValue(s.sampler.next_index));
-  a.write("state/extras/count", c10::IValue(static_cast<int64_t>(s.extras.size())));
-  int64_t e = 0;
-  for (const auto& [key, value] : s.extras) {
-    const std::string k = "state/extras/" + std::to_string(e++);
-    a.write(k + "/key", c10::IValue(key));
-    a.write(k + "/value", c10::IValue(bytes_tensor(value)));
+  write_checkpoint_state(a, index.state);
+  if (!index.rng_states.empty()) {
+    a.write("rng/count", c10::IValue(static_cast<int64_t>(index.rng_states.size())));
+    for (size_t r = 0; r < index.rng_states.size(); ++r) {
+      a.write("rng/" + std::to_string(r), c10::IValue(bytes_tensor(index.rng_states[r])));
+    }
   }
   for (size_t r = 0; r < index.files.size(); ++r) {
     const std::string k = "shards/" + std::to_string(r);
@@ -253,7 +247,7 @@ ZeroIndexFile decode_zero_index(const std::string& payload, const std::string& s
   index.format = read_header(a, "kolo-zero-index", "ZeRO index", source);
   if (index.format >= 2) index.save_id = read_string(a, "save_id", source);
   index.world = static_cast<int>(read_int_in(a, "world_size", 1, kMaxWorld, source));
-  index.stage = static_cast<int>(read_int_in(a, "stage", 1, 3, source));
+  index.stage = static_cast<int>(read_int_in(a, "stage", 0, 3, source));
   const int64_t groups = read_int_in(a, "groups/count", 0, kMaxCount, source);
   const int64_t params = read_int_in(a, "params/count", 0, kMaxCount, source);
   std::unordered_map<std::string, const ZeroParamInfo*> by_name;
@@ -297,17 +291,13 @@ ZeroIndexFile decode_zero_index(const std::string& payload, const std::string& s
     index.buffers.emplace_back(read_string(a, k + "/name", source),
                                read_tensor(a, k + "/value", source));
   }
-  CheckpointState& s = index.state;
-  s.epoch = read_int(a, "state/epoch", source);
-  s.step = read_int(a, "state/step", source);
-  s.seed = static_cast<uint64_t>(read_int(a, "state/seed", source));
-  s.sampler.epoch = read_int(a, "state/sampler_epoch", source);
-  s.sampler.next_index = read_int(a, "state/sampler_next_index", source);
-  const int64_t extras = read_int_in(a, "state/extras/count", 0, kMaxCount, source);
-  for (int64_t i = 0; i < extras; ++i) {
-    const std::string k = "state/extras/" + std::to_string(i);
-    s.extras[read_string(a, k + "/key", source)] =
-        tensor_bytes(read_tensor(a, k + "/value", source));
+  index.state = read_checkpoint_state(a, [&](const std::string& what) { zero_fail(source, what); });
+  c10::IValue rng;
+  if (a.try_read("rng/count", rng)) {
+    const int64_t count = read_int_in(a, "rng/count", 0, kMaxWorld, source);
+    for (int64_t r = 0; r < count; ++r) {
+      index.rng_states.push_back(tensor_bytes(read_tensor(a, "rng/" + std::to_string(r), source)));
+    }
   }
   for (int r = 0; r < index.world; ++r) {
     const std::string k = "shards/" + std::to_string(r);

@@ -18,7 +18,9 @@
 //   groups/with_state ("<g>\n"...), groups/<g>/scalars: the optimizer state
 //   that is not element-wise (Adam's step), one archive per parameter group
 //   this shard has state for.
-// The index: kind "kolo-zero-index", format, save_id, world_size, stage, the
+// The index: kind "kolo-zero-index", format, save_id, world_size, stage (0 =
+// saved by a DistributedOptimizer: one shard holding everything, and
+// "rng/count", "rng/<r>" with every rank's generator state), the
 // parameters (name, dtype, shape, group) in the optimizer's order, the
 // optimizer type and group options, the model's buffers, the
 // CheckpointState, and each shard's file name and segments (so a loading
@@ -82,6 +84,9 @@ struct ZeroIndexFile {
   std::vector<std::string> group_options;  // archive bytes per group
   std::vector<std::pair<std::string, torch::Tensor>> buffers;
   CheckpointState state;
+  // Stage 0 (a DistributedOptimizer's save): every rank's default CPU
+  // generator state, "rng/<r>" (absent elsewhere).
+  std::vector<std::string> rng_states;
   std::vector<std::string> files;                     // per shard
   std::vector<std::vector<ZeroSegmentRef>> segments;  // per shard
 };

@@ -1,7 +1,7 @@
 // ZeroOptimizer's shared state (internal): the partition into buckets and
 // slices, the pieces handed to the wrapped optimizer, and the stage-3 units.
 // Used by zero_partition.cc, zero_optimizer.cc, zero_unit.cc,
-// zero_checkpoint.cc and zero_memory.cc.
+// sharded_checkpoint.cc and zero_memory.cc.
 #pragma once
 
 #include <torch/csrc/autograd/function.h>

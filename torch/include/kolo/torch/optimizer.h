@@ -111,6 +111,10 @@ class Optimizer;
 
 namespace kolo {
 
+namespace detail {
+struct ReplicatedCheckpoint;
+}
+
 enum class Compression {
   kNone,
   kFp16,  // IEEE half
@@ -216,8 +220,11 @@ class DistributedOptimizer : public ParallelOptimizer {
 
   struct Impl;
   // The collective check and the pipeline, after a constructor collected the
-  // parameters (and an error to report on every rank, "" if none).
-  void build(const std::vector<std::pair<std::string, torch::Tensor>>& params, std::string error);
+  // parameters, their groups in the wrapped optimizer, and an error to
+  // report on every rank ("" if none).
+  void build(const std::vector<std::pair<std::string, torch::Tensor>>& params,
+             const std::vector<int>& groups, std::string error);
+  detail::ReplicatedCheckpoint checkpoint_of(const char* call);
   std::shared_ptr<Impl> impl_;
 };
 

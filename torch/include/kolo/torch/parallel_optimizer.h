@@ -89,16 +89,20 @@ class ParallelOptimizer {
   virtual CheckpointState load(const std::string& dir) = 0;
 };
 
-// Collective. Writes the directory `dir` (created if missing) with the
-// model's parameters and buffers, the optimizer's state and `state`: at
-// zero_stage 0 rank 0 writes <dir>/checkpoint.kolo (save_checkpoint's file,
-// with every rank's generator state), at stages 1-3 every rank its shard
-// (save_zero_checkpoint).
+// Collective. Writes the directory `dir` (created if missing) in kolo's
+// sharded checkpoint format (docs/zero.md, "Sharded checkpoints"): the
+// optimized parameters, the optimizer's state (element-wise, as ZeRO needs;
+// a DistributedOptimizer over another optimizer is a ContractError saying to
+// use the single-file save_checkpoint), the model's buffers and `state`. At
+// zero_stage 0 rank 0 writes everything as one shard, with every rank's
+// generator state; at stages 1-3 every rank writes its slices.
 void save_checkpoint(const std::string& dir, ParallelOptimizer& optimizer,
                      const CheckpointState& state);
-// Collective. Restores what save_checkpoint wrote; returns the saved state.
-// Stages 1-3 load any ZeRO checkpoint, at any world size. A missing or
-// corrupt file is a ContractError on every rank naming the file.
+// Collective. Restores what save_checkpoint wrote at any stage and world size
+// (and any ZeRO checkpoint); returns the saved state (rng_restored when the
+// generator states of a stage-0 save of this world size were restored). A
+// missing, corrupt or mismatching file is a ContractError on every rank
+// naming the file.
 CheckpointState load_checkpoint(const std::string& dir, ParallelOptimizer& optimizer);
 
 }  // namespace kolo

@@ -1,8 +1,13 @@
-// Sharded ZeRO checkpoints (kolo/torch/zero.h): every rank writes its slices,
-// rank 0 the index; loading at any world size reads the shards that hold the
-// new slices; consolidation merges every shard into one.
+// kolo's sharded checkpoints (sharded_checkpoint.h), the one schema of every
+// ParallelOptimizer. A ZeroOptimizer (kolo/torch/zero.h): every rank writes
+// its slices, rank 0 the index; loading at any world size reads the shards
+// that hold the new slices; consolidation merges every shard into one. A
+// DistributedOptimizer: rank 0 writes the consolidated form; loading
+// consolidates any checkpoint on rank 0 and hands it to every rank.
 //
 // The files and their checks: zero_format.h.
+#include "sharded_checkpoint.h"
+
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
@@ -71,37 +76,175 @@ Shard read_shard(const std::string& dir, const Index& index, int r) {
   return shard;
 }
 
-// --- This rank's side ---------------------------------------------------------
+// --- What both optimizers share --------------------------------------------------
 
 std::string state_key(const torch::Tensor& t) {
   return c10::guts::to_string(t.unsafeGetTensorImpl());
 }
 
-// A piece's optimizer state split into element-wise tensors (same shape as
-// the piece) and the rest (an archive of scalars). False if it has none.
-bool split_state(const torch::optim::Optimizer& optimizer, const ZeroPiece& piece,
-                 std::map<std::string, torch::Tensor>& elementwise, std::string& scalars) {
-  auto it = optimizer.state().find(state_key(piece.value));
+// The optimizer's state of `key` (a tensor the optimizer steps) split into
+// element-wise tensors (shaped like key, flattened) and the rest (an archive
+// of scalars). False if it has none. `odd`, when given, receives the name of
+// a state tensor that is neither (the state cannot be resharded).
+bool split_state(const torch::optim::Optimizer& optimizer, const torch::Tensor& key,
+                 std::map<std::string, torch::Tensor>& elementwise, std::string& scalars,
+                 std::string* odd = nullptr) {
+  auto it = optimizer.state().find(state_key(key));
   if (it == optimizer.state().end()) return false;
   torch::serialize::OutputArchive out;
   it->second->serialize(out);
   torch::serialize::InputArchive in;
   detail::archive_from_bytes(detail::archive_to_bytes(out), in);
   torch::serialize::OutputArchive rest;
-  for (const std::string& key : in.keys()) {
-    if (key == "training") continue;  // the archive module's own attribute
+  for (const std::string& k : in.keys()) {
+    if (k == "training") continue;  // the archive module's own attribute
     c10::IValue value;
-    if (!in.try_read(key, value)) continue;
-    if (value.isTensor() && value.toTensor().dim() == 1 &&
-        value.toTensor().size(0) == piece.numel) {
-      elementwise[key] = value.toTensor();
+    if (!in.try_read(k, value)) continue;
+    if (value.isTensor() && value.toTensor().sizes() == key.sizes()) {
+      elementwise[k] = value.toTensor().reshape({-1});
     } else {
-      rest.write(key, value);
+      if (odd && odd->empty() && value.isTensor() && value.toTensor().dim() > 0) *odd = k;
+      rest.write(k, value);
     }
   }
   scalars = detail::archive_to_bytes(rest);
   return true;
 }
+
+// The index's description of the parameters, the optimizer, the model's
+// buffers and the training position.
+Index describe(const std::vector<ZeroParam>& params, const torch::optim::Optimizer& optimizer,
+               const torch::nn::Module& model, const CheckpointState& checkpoint) {
+  Index index;
+  for (const ZeroParam& p : params) {
+    index.params.push_back({p.name, std::string(c10::toString(p.param.scalar_type())),
+                            p.param.sizes().vec(), p.group});
+  }
+  index.optimizer_type = typeid(optimizer).name();
+  for (const auto& group : optimizer.param_groups()) {
+    torch::serialize::OutputArchive options;
+    group.options().serialize(options);
+    index.group_options.push_back(detail::archive_to_bytes(options));
+  }
+  for (const auto& item : model.named_buffers()) {
+    if (item.value().defined()) index.buffers.emplace_back(item.key(), item.value().clone());
+  }
+  index.state = checkpoint;
+  index.state.rng_restored = false;
+  return index;
+}
+
+// That the checkpoint describes these parameters and this optimizer.
+void check_fits(const Index& index, const std::vector<ZeroParam>& params,
+                const torch::optim::Optimizer& optimizer, const std::string& source) {
+  std::unordered_map<std::string, const ParamInfo*> saved;
+  for (const ParamInfo& p : index.params) saved[p.name] = &p;
+  if (index.params.size() != params.size()) {
+    fail(source, "holds " + std::to_string(index.params.size()) +
+                     " optimized parameters, this model and optimizer " +
+                     std::to_string(params.size()));
+  }
+  for (const ZeroParam& p : params) {
+    auto it = saved.find(p.name);
+    const std::string dtype = c10::toString(p.param.scalar_type());
+    if (it == saved.end()) fail(source, "has no parameter '" + p.name + "'");
+    if (it->second->shape != p.param.sizes().vec() || it->second->dtype != dtype ||
+        it->second->group != p.group) {
+      fail(source, "parameter '" + p.name + "' is " + it->second->dtype + " " +
+                       c10::str(c10::IntArrayRef(it->second->shape)) + " in group " +
+                       std::to_string(it->second->group) + ", the model's is " + dtype + " " +
+                       c10::str(p.param.sizes()) + " in group " + std::to_string(p.group));
+    }
+  }
+  if (index.optimizer_type != typeid(optimizer).name()) {
+    fail(source, "was saved with optimizer " + index.optimizer_type + ", this one is " +
+                     typeid(optimizer).name());
+  }
+  if (index.group_options.size() != optimizer.param_groups().size()) {
+    fail(source, "has " + std::to_string(index.group_options.size()) +
+                     " parameter groups, the optimizer " +
+                     std::to_string(optimizer.param_groups().size()));
+  }
+}
+
+// The saved optimizer state of one tensor the optimizer steps.
+struct StateLoad {
+  torch::Tensor key;                                 // the tensor (its values already loaded)
+  std::map<std::string, torch::Tensor> elementwise;  // (numel) each
+  std::string scalars;                               // archive bytes
+  bool has_state = false;
+};
+
+// Replaces the optimizer's state with the saved one. The optimizer creates
+// its state in a step on zero gradients whose parameter change is undone;
+// then each key's state is overwritten with the saved values (element-wise
+// tensors shaped like the key).
+void restore_state(torch::optim::Optimizer& optimizer, const std::vector<StateLoad>& loads,
+                   const std::string& source) {
+  torch::NoGradGuard no_grad;
+  bool any_state = false;
+  for (const StateLoad& l : loads) any_state = any_state || l.has_state;
+  optimizer.state().clear();
+  if (!any_state) return;
+  std::vector<torch::Tensor> values, grads;
+  for (const StateLoad& l : loads) {
+    torch::Tensor key = l.key;
+    values.push_back(key.clone());
+    grads.push_back(key.grad());
+    key.mutable_grad() = torch::zeros_like(key);
+  }
+  optimizer.step();
+  for (size_t i = 0; i < loads.size(); ++i) {
+    torch::Tensor key = loads[i].key;
+    key.copy_(values[i]);
+    key.mutable_grad() = grads[i];
+  }
+  for (const StateLoad& l : loads) {
+    auto it = optimizer.state().find(state_key(l.key));
+    if (!l.has_state) {
+      if (it != optimizer.state().end()) optimizer.state().erase(it);
+      continue;
+    }
+    if (it == optimizer.state().end()) {
+      fail(source, "the optimizer created no state for a parameter to restore into");
+    }
+    torch::serialize::InputArchive scalars;
+    detail::archive_from_bytes(l.scalars, scalars);
+    torch::serialize::OutputArchive merged;
+    for (const std::string& k : scalars.keys()) {
+      if (k == "training") continue;
+      c10::IValue v;
+      if (scalars.try_read(k, v)) merged.write(k, v);
+    }
+    for (const auto& [k, t] : l.elementwise) merged.write(k, c10::IValue(t.view(l.key.sizes())));
+    torch::serialize::InputArchive in;
+    detail::archive_from_bytes(detail::archive_to_bytes(merged), in);
+    it->second->serialize(in);
+  }
+}
+
+// The parameter groups' options and the model's buffers.
+void restore_groups_and_buffers(const Index& index, torch::optim::Optimizer& optimizer,
+                                torch::nn::Module& model, const std::string& source) {
+  torch::NoGradGuard no_grad;
+  auto& groups = optimizer.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    torch::serialize::InputArchive options;
+    detail::archive_from_bytes(index.group_options[g], options);
+    groups[g].options().serialize(options);
+  }
+  auto buffers = model.named_buffers();
+  for (const auto& [name, value] : index.buffers) {
+    torch::Tensor* target = buffers.find(name);
+    if (target == nullptr || target->sizes() != value.sizes() ||
+        target->scalar_type() != value.scalar_type()) {
+      fail(source, "buffer '" + name + "' does not match the model's");
+    }
+    target->copy_(value);
+  }
+}
+
+// --- A ZeroOptimizer's side ------------------------------------------------------
 
 // The per-parameter runs of rank r's slices (computable on any rank).
 std::vector<SegmentRef> runs_of(const ZeroState& state, int r) {
@@ -127,7 +270,7 @@ Shard my_shard(ZeroState& state) {
     const ZeroBucket& bucket = state.buckets[piece.bucket];
     std::map<std::string, torch::Tensor> elementwise;
     std::string scalars;
-    if (split_state(*state.optimizer, piece, elementwise, scalars)) {
+    if (split_state(*state.optimizer, piece.value, elementwise, scalars)) {
       shard.group_scalars.emplace(piece.group, scalars);
     }
     // The piece covers bucket elements [lo, hi); cut it per parameter.
@@ -154,24 +297,9 @@ Shard my_shard(ZeroState& state) {
 }
 
 Index my_index(ZeroState& state, const CheckpointState& checkpoint) {
-  Index index;
+  Index index = describe(state.params, *state.optimizer, *state.model, checkpoint);
   index.world = state.size;
   index.stage = state.options.stage;
-  for (const ZeroParam& p : state.params) {
-    index.params.push_back({p.name, std::string(c10::toString(p.param.scalar_type())),
-                            p.param.sizes().vec(), p.group});
-  }
-  index.optimizer_type = typeid(*state.optimizer).name();
-  for (const auto& group : state.optimizer->param_groups()) {
-    torch::serialize::OutputArchive options;
-    group.options().serialize(options);
-    index.group_options.push_back(detail::archive_to_bytes(options));
-  }
-  for (const auto& item : state.model->named_buffers()) {
-    if (item.value().defined()) index.buffers.emplace_back(item.key(), item.value().clone());
-  }
-  index.state = checkpoint;
-  index.state.rng_restored = false;
   for (int r = 0; r < state.size; ++r) {
     index.files.push_back(shard_file(r, state.size));
     index.segments.push_back(runs_of(state, r));
@@ -196,45 +324,12 @@ CheckpointState load_local(const std::string& dir, ZeroState& state) {
   torch::NoGradGuard no_grad;
   const Index index = read_index(dir);
   const std::string source = "'" + dir + "'";
-  // The checkpoint must describe this model and optimizer.
-  std::unordered_map<std::string, const ParamInfo*> saved;
-  for (const ParamInfo& p : index.params) saved[p.name] = &p;
-  if (index.params.size() != state.params.size()) {
-    fail(source, "holds " + std::to_string(index.params.size()) +
-                     " optimized parameters, this model and optimizer " +
-                     std::to_string(state.params.size()));
-  }
-  for (const ZeroParam& p : state.params) {
-    auto it = saved.find(p.name);
-    const std::string dtype = c10::toString(p.param.scalar_type());
-    if (it == saved.end()) fail(source, "has no parameter '" + p.name + "'");
-    if (it->second->shape != p.param.sizes().vec() || it->second->dtype != dtype ||
-        it->second->group != p.group) {
-      fail(source, "parameter '" + p.name + "' is " + it->second->dtype + " " +
-                       c10::str(c10::IntArrayRef(it->second->shape)) + " in group " +
-                       std::to_string(it->second->group) + ", the model's is " + dtype + " " +
-                       c10::str(p.param.sizes()) + " in group " + std::to_string(p.group));
-    }
-  }
-  if (index.optimizer_type != typeid(*state.optimizer).name()) {
-    fail(source, "was saved with optimizer " + index.optimizer_type + ", this one is " +
-                     typeid(*state.optimizer).name());
-  }
-  auto& groups = state.optimizer->param_groups();
-  if (index.group_options.size() != groups.size()) {
-    fail(source, "has " + std::to_string(index.group_options.size()) +
-                     " parameter groups, the optimizer " + std::to_string(groups.size()));
-  }
+  check_fits(index, state.params, *state.optimizer, source);
 
   // What this rank needs: per piece, per key, a (piece.numel) tensor.
   const std::vector<SegmentRef> wanted = runs_of(state, state.rank);
-  struct PieceLoad {
-    std::map<std::string, torch::Tensor> elementwise;
-    std::string scalars;
-    bool has_state = false;
-    int64_t filled = 0;
-  };
-  std::vector<PieceLoad> loads(state.pieces.size());
+  std::vector<StateLoad> loads(state.pieces.size());
+  std::vector<int64_t> filled(state.pieces.size(), 0);
   std::unordered_map<std::string, const ZeroParam*> by_name;
   for (const ZeroParam& p : state.params) by_name[p.name] = &p;
 
@@ -254,10 +349,10 @@ CheckpointState load_local(const std::string& dir, ZeroState& state) {
         const int64_t begin = std::max(lo, a);
         const int64_t end = std::min(lo + piece.numel, b);
         if (begin >= end) continue;
-        PieceLoad& load = loads[i];
+        StateLoad& load = loads[i];
         piece.value.narrow(0, begin - lo, end - begin)
             .copy_(s.values.narrow(0, begin - a, end - begin));
-        load.filled += end - begin;
+        filled[i] += end - begin;
         for (const auto& [key, t] : s.state) {
           torch::Tensor& target = load.elementwise[key];
           if (!target.defined()) target = torch::zeros({piece.numel}, t.options());
@@ -272,67 +367,16 @@ CheckpointState load_local(const std::string& dir, ZeroState& state) {
     }
   }
   for (size_t i = 0; i < state.pieces.size(); ++i) {
-    if (loads[i].filled != state.pieces[i].numel) {
-      fail(source, "the shards cover " + std::to_string(loads[i].filled) + " of the " +
+    loads[i].key = state.pieces[i].value;
+    if (filled[i] != state.pieces[i].numel) {
+      fail(source, "the shards cover " + std::to_string(filled[i]) + " of the " +
                        std::to_string(state.pieces[i].numel) +
                        " elements this rank needs for a piece of parameter group " +
                        std::to_string(state.pieces[i].group) + " (an incomplete checkpoint)");
     }
   }
-
-  // Optimizer state: create it with a step on zero gradients whose parameter
-  // change is undone, then overwrite it with the saved values.
-  bool any_state = false;
-  for (const PieceLoad& l : loads) any_state = any_state || l.has_state;
-  state.optimizer->state().clear();
-  if (any_state) {
-    std::vector<torch::Tensor> values;
-    for (ZeroBucket& bucket : state.buckets) {
-      values.push_back(bucket.shard.clone());
-      bucket.grad_shard.zero_();
-    }
-    state.point_piece_grads();
-    state.optimizer->step();
-    for (size_t b = 0; b < state.buckets.size(); ++b) state.buckets[b].shard.copy_(values[b]);
-    for (size_t i = 0; i < state.pieces.size(); ++i) {
-      const ZeroPiece& piece = state.pieces[i];
-      auto it = state.optimizer->state().find(state_key(piece.value));
-      if (!loads[i].has_state) {
-        if (it != state.optimizer->state().end()) state.optimizer->state().erase(it);
-        continue;
-      }
-      if (it == state.optimizer->state().end()) {
-        fail(source, "the optimizer created no state for a parameter piece to restore into");
-      }
-      torch::serialize::InputArchive scalars;
-      detail::archive_from_bytes(loads[i].scalars, scalars);
-      torch::serialize::OutputArchive merged;
-      for (const std::string& key : scalars.keys()) {
-        if (key == "training") continue;
-        c10::IValue v;
-        if (scalars.try_read(key, v)) merged.write(key, v);
-      }
-      for (const auto& [key, t] : loads[i].elementwise) merged.write(key, c10::IValue(t));
-      torch::serialize::InputArchive in;
-      detail::archive_from_bytes(detail::archive_to_bytes(merged), in);
-      it->second->serialize(in);
-    }
-  }
-  for (size_t g = 0; g < groups.size(); ++g) {
-    torch::serialize::InputArchive options;
-    detail::archive_from_bytes(index.group_options[g], options);
-    groups[g].options().serialize(options);
-  }
-  // Buffers.
-  auto buffers = state.model->named_buffers();
-  for (const auto& [name, value] : index.buffers) {
-    torch::Tensor* target = buffers.find(name);
-    if (target == nullptr || target->sizes() != value.sizes() ||
-        target->scalar_type() != value.scalar_type()) {
-      fail(source, "buffer '" + name + "' does not match the model's");
-    }
-    target->copy_(value);
-  }
+  restore_state(*state.optimizer, loads, source);
+  restore_groups_and_buffers(index, *state.optimizer, *state.model, source);
   return index.state;
 }
 
@@ -458,10 +502,9 @@ Full read_full(const std::string& dir) {
   return full;
 }
 
-}  // namespace
-
-void consolidate_zero_checkpoint(const std::string& dir, const std::string& out_dir) {
-  Full full = read_full(dir);
+// The checkpoint as one shard ("shard-0-of-1.kolo") holding everything, and
+// its index, under a fresh save id.
+std::pair<Index, Shard> consolidated(const Full& full) {
   Shard shard;
   shard.rank = 0;
   shard.world = 1;
@@ -476,6 +519,13 @@ void consolidate_zero_checkpoint(const std::string& dir, const std::string& out_
     shard.segments.push_back(full.params.at(p.name));
     index.segments[0].push_back({p.name, 0, p.numel()});
   }
+  return {std::move(index), std::move(shard)};
+}
+
+}  // namespace
+
+void consolidate_zero_checkpoint(const std::string& dir, const std::string& out_dir) {
+  const auto [index, shard] = consolidated(read_full(dir));
   std::filesystem::create_directories(out_dir);
   write_checkpoint_file(join(out_dir, index.files[0]), detail::encode_zero_shard(shard));
   write_checkpoint_file(join(out_dir, kIndexFile), detail::encode_zero_index(index));
@@ -504,6 +554,112 @@ CheckpointState load_zero_model(const std::string& dir, torch::nn::Module& model
   }
   return full.index.state;
 }
+
+// --- A DistributedOptimizer's side ----------------------------------------------
+
+namespace detail {
+
+void save_replicated(const std::string& dir, const ReplicatedCheckpoint& what,
+                     const CheckpointState& checkpoint) {
+  const std::string op = "kolo::save_checkpoint";
+  const std::vector<std::string> rng = gather_generator_states(what.name + ".save", what.call);
+  std::string error;
+  if (what.position.rank == 0) {
+    try {
+      torch::NoGradGuard no_grad;
+      Shard shard;
+      for (const ZeroParam& p : what.params) {
+        Segment s;
+        s.name = p.name;
+        s.length = p.numel;
+        s.group = p.group;
+        s.values = p.param.detach().reshape({-1}).clone();
+        std::string scalars, odd;
+        if (split_state(what.optimizer, p.param, s.state, scalars, &odd)) {
+          shard.group_scalars.emplace(p.group, scalars);
+        }
+        if (!odd.empty()) {
+          // Not element-wise: it could not be resharded for another world or stage.
+          throw ContractError("the optimizer's state '" + odd + "' of parameter '" + p.name +
+                              "' is not shaped like the parameter " + c10::str(p.param.sizes()) +
+                              ": kolo's sharded checkpoint holds element-wise optimizer state "
+                              "only; save with kolo::save_checkpoint(path, model, &optimizer, "
+                              "state) instead");
+        }
+        for (auto& [key, t] : s.state) t = t.clone();
+        shard.segments.push_back(std::move(s));
+      }
+      Index index = describe(what.params, what.optimizer, what.model, checkpoint);
+      index.world = 1;
+      index.stage = 0;
+      index.rng_states = rng;
+      index.files = {shard_file(0, 1)};
+      index.segments.assign(1, {});
+      for (const ZeroParam& p : what.params) index.segments[0].push_back({p.name, 0, p.numel});
+      index.save_id = shard.save_id = new_zero_save_id();
+      std::filesystem::create_directories(dir);
+      write_checkpoint_file(join(dir, index.files[0]), encode_zero_shard(shard));
+      write_checkpoint_file(join(dir, kIndexFile), encode_zero_index(index));
+    } catch (const std::exception& e) {
+      error = what_of(e);
+    }
+  }
+  agree_on_outcome(error, op, what.name + ".save.check", what.call);
+}
+
+CheckpointState load_replicated(const std::string& dir, const ReplicatedCheckpoint& what) {
+  const std::string op = "kolo::load_checkpoint";
+  // Rank 0 reads every shard (of any world size and stage) and hands every
+  // rank the checkpoint in full: its index, then its one shard.
+  std::string shard_bytes;
+  const std::string index_bytes = broadcast_from_root(
+      [&] {
+        const auto [index, shard] = consolidated(read_full(dir));
+        shard_bytes = encode_zero_shard(shard);
+        return encode_zero_index(index);
+      },
+      0, what.position, what.name + ".load.index", what.call);
+  shard_bytes = broadcast_from_root([&] { return shard_bytes; }, 0, what.position,
+                                    what.name + ".load.shard", what.call);
+  CheckpointState result;
+  std::string error;
+  try {
+    torch::NoGradGuard no_grad;
+    const std::string source = "'" + dir + "'";
+    const Index index = decode_zero_index(index_bytes, index_source(dir));
+    const Shard shard = decode_zero_shard(shard_bytes, "'" + join(dir, index.files[0]) + "'");
+    check_fits(index, what.params, what.optimizer, source);
+    std::unordered_map<std::string, const Segment*> by_name;
+    for (const Segment& s : shard.segments) by_name[s.name] = &s;
+    std::vector<StateLoad> loads;
+    for (const ZeroParam& p : what.params) {
+      const Segment& s = *by_name.at(p.name);  // consolidated: every parameter in full
+      p.param.copy_(s.values.view(p.param.sizes()));
+      StateLoad load;
+      load.key = p.param;
+      load.elementwise = s.state;
+      auto g = shard.group_scalars.find(p.group);
+      if (g != shard.group_scalars.end()) {
+        load.scalars = g->second;
+        load.has_state = true;
+      }
+      loads.push_back(std::move(load));
+    }
+    restore_state(what.optimizer, loads, source);
+    restore_groups_and_buffers(index, what.optimizer, what.model, source);
+    result = index.state;
+    if (static_cast<int>(index.rng_states.size()) == what.position.size) {
+      set_default_generator_state(index.rng_states[static_cast<size_t>(what.position.rank)]);
+      result.rng_restored = true;
+    }
+  } catch (const std::exception& e) {
+    error = what_of(e);
+  }
+  agree_on_outcome(error, op, what.name + ".load.check", what.call);
+  return result;
+}
+
+}  // namespace detail
 
 void ZeroOptimizer::save(const std::string& dir, const CheckpointState& state) {
   save_zero_checkpoint(dir, *this, state);
