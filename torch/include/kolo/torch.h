@@ -30,6 +30,8 @@
 #include "kolo/torch/optimizer_factory.h"
 #include "kolo/torch/p2p.h"
 #include "kolo/torch/parallel_optimizer.h"
+#include "kolo/torch/pipeline.h"
 #include "kolo/torch/sampler.h"
 #include "kolo/torch/tensor.h"
+#include "kolo/torch/tensor_parallel.h"
 #include "kolo/torch/zero.h"
