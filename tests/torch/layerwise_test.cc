@@ -15,6 +15,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
+#include <torch/serialize.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,7 +33,6 @@
 #include "kolo/torch/lamb.h"
 #include "kolo/torch/lars.h"
 #include "kolo/torch/optimizer.h"
-#include "kolo/torch/zero.h"
 #include "optimizer_harness.h"
 #include "temp_dir.h"
 #include "test_net.h"
@@ -431,18 +432,58 @@ TEST_F(Layerwise, LayoutsThatDoNotCoverTheParametersAreRejected) {
   EXPECT_FALSE(lamb.has_layout());
 }
 
-// Until ZeroOptimizer hands its layout to the optimizer, it must refuse one
-// whose trust ratios would come from slices.
-TEST_F(Layerwise, ZeroOptimizerRefusesThemRatherThanComputeRatiosFromSlices) {
-  testing::run_with_engines(1, [&](int, Engine& engine) {
+// A reduction that fails (under ZeRO: a peer gone) is rethrown by step(), and
+// the optimizer is as it was: the next step equals the step that failed.
+TEST_F(Layerwise, AFailedReductionLeavesParametersAndStateUnchanged) {
+  for (const bool lars : {false, true}) {
+    torch::manual_seed(8);
     Small model;
-    LAMB lamb(model.parameters());
-    ZeroOptions options;
-    options.engine = &engine;
-    options.timeout = testing::kTorchTimeout;
-    const std::string m = testing::error_of([&] { ZeroOptimizer zero(lamb, model, options); });
-    EXPECT_NE(m.find("LARS and LAMB"), std::string::npos) << m;
-  });
+    std::unique_ptr<LayerwiseOptimizer> optimizer;
+    if (lars) {
+      optimizer = std::make_unique<LARS>(model.parameters(), LARSOptions(0.5));
+    } else {
+      optimizer = std::make_unique<LAMB>(model.parameters(), LAMBOptions(0.05));
+    }
+    const auto data = make_data();
+    loss_of(model, data[0]).backward();
+    optimizer->step();  // state exists
+    LayerLayout layout;
+    const auto params = model.parameters();
+    layout.layers = static_cast<int64_t>(params.size());
+    layout.runs.resize(1);
+    for (size_t j = 0; j < params.size(); ++j) {
+      layout.runs[0].push_back({{static_cast<int64_t>(j), 0, params[j].numel()}});
+    }
+    bool fail = true;
+    layout.reduce_sum = [&fail](torch::Tensor&) {
+      if (fail) throw RuntimeFault("rank 1 is gone");
+    };
+    optimizer->set_layout(layout);
+    optimizer->zero_grad();
+    loss_of(model, data[1]).backward();
+    const std::string before = testing::model_bytes(model);
+    EXPECT_THROW(optimizer->step(), RuntimeFault);
+    EXPECT_EQ(testing::model_bytes(model), before) << (lars ? "LARS" : "LAMB");
+    // The retried step is the step of a twin that never failed: the same
+    // parameters and gradients, and the state saved after the failure.
+    Small twin;
+    copy_parameters(twin, model);
+    std::unique_ptr<LayerwiseOptimizer> twin_optimizer;
+    if (lars) {
+      twin_optimizer = std::make_unique<LARS>(twin.parameters(), LARSOptions(0.5));
+    } else {
+      twin_optimizer = std::make_unique<LAMB>(twin.parameters(), LAMBOptions(0.05));
+    }
+    std::stringstream saved;
+    torch::save(*optimizer, saved);
+    torch::load(*twin_optimizer, saved);
+    loss_of(twin, data[1]).backward();
+    twin_optimizer->step();
+    fail = false;
+    optimizer->step();
+    EXPECT_EQ(optimizer->reductions(), 1);
+    EXPECT_EQ(testing::model_bytes(model), testing::model_bytes(twin)) << (lars ? "LARS" : "LAMB");
+  }
 }
 
 // --- Under DistributedOptimizer ---------------------------------------------------

@@ -113,39 +113,42 @@ torch::Tensor LAMB::step(LossClosure closure) {
   }
   check_group_options<LAMBOptions>(kOp);
   const std::vector<Slot> slots = this->slots();
-  // First the moments and each parameter's Adam-style update u; the trust
-  // ratio then needs ||w|| and ||u|| over each whole layer.
+  // First the new moments and each parameter's Adam-style update u; the
+  // trust ratio then needs ||w|| and ||u|| over each whole layer. The state
+  // changes only once the norms are known: a failed reduction (a peer gone,
+  // under ZeRO) leaves the optimizer as it was.
   std::vector<torch::Tensor> weights;
   std::vector<torch::Tensor> updates;
+  std::vector<torch::Tensor> new_m;
+  std::vector<torch::Tensor> new_v;
   for (const Slot& slot : slots) {
     const auto& o = static_cast<const LAMBOptions&>(param_groups_[slot.group].options());
     const torch::Tensor& w = slot.param;
     const torch::Tensor& g = w.grad();
-    const std::string key = c10::guts::to_string(w.unsafeGetTensorImpl());
-    auto it = state_.find(key);
-    if (it == state_.end()) {
-      auto state = std::make_unique<LAMBParamState>();
-      state->exp_avg(torch::zeros_like(w, at::MemoryFormat::Preserve));
-      state->exp_avg_sq(torch::zeros_like(w, at::MemoryFormat::Preserve));
-      it = state_.emplace(key, std::move(state)).first;
-    }
-    auto& state = static_cast<LAMBParamState&>(*it->second);
-    state.step(state.step() + 1);
+    auto it = state_.find(c10::guts::to_string(w.unsafeGetTensorImpl()));
+    const auto* state =
+        it == state_.end() ? nullptr : static_cast<const LAMBParamState*>(it->second.get());
+    const int64_t step = (state ? state->step() : 0) + 1;
     const double b1 = std::get<0>(o.betas());
     const double b2 = std::get<1>(o.betas());
-    state.exp_avg().mul_(b1).add_(g, 1 - b1);
-    state.exp_avg_sq().mul_(b2).addcmul_(g, g, 1 - b2);
+    // m = b1 m + (1 - b1) g and v = b2 v + (1 - b2) g^2, from m = v = 0 at step 1.
+    torch::Tensor m = state ? state->exp_avg() * b1 : torch::zeros_like(w);
+    m.add_(g, 1 - b1);
+    torch::Tensor v = state ? state->exp_avg_sq() * b2 : torch::zeros_like(w);
+    v.addcmul_(g, g, 1 - b2);
     double c1 = 1;
     double c2 = 1;
     if (o.bias_correction()) {
-      c1 = 1 - std::pow(b1, static_cast<double>(state.step()));
-      c2 = 1 - std::pow(b2, static_cast<double>(state.step()));
+      c1 = 1 - std::pow(b1, static_cast<double>(step));
+      c2 = 1 - std::pow(b2, static_cast<double>(step));
     }
-    torch::Tensor u = (state.exp_avg_sq() / c2).sqrt_().add_(o.eps());
-    u = (state.exp_avg() / c1).div_(u);
+    torch::Tensor u = (v / c2).sqrt_().add_(o.eps());
+    u = (m / c1).div_(u);
     if (o.weight_decay() != 0) u.add_(w, o.weight_decay());
     weights.push_back(w);
     updates.push_back(std::move(u));
+    new_m.push_back(std::move(m));
+    new_v.push_back(std::move(v));
   }
   const auto norms = layer_norms(slots, weights, updates);
 
@@ -153,6 +156,12 @@ torch::Tensor LAMB::step(LossClosure closure) {
     const Slot& slot = slots[i];
     const auto& o = static_cast<const LAMBOptions&>(param_groups_[slot.group].options());
     const torch::Tensor& w = slot.param;
+    auto& state = state_[c10::guts::to_string(w.unsafeGetTensorImpl())];
+    if (!state) state = std::make_unique<LAMBParamState>();
+    auto& lamb_state = static_cast<LAMBParamState&>(*state);
+    lamb_state.step(lamb_state.step() + 1);
+    lamb_state.exp_avg(new_m[i]);
+    lamb_state.exp_avg_sq(new_v[i]);
     const int64_t n = w.numel();
     const std::vector<LayerRun> runs = runs_of(slot);
     for (size_t r = 0; r < runs.size(); ++r) {

@@ -118,6 +118,23 @@ void LayerwiseOptimizer::throw_wrong_options(const std::string& op, size_t group
                       "; give every group this optimizer's options (or none, for the defaults)");
 }
 
+void step_locally(torch::optim::Optimizer& optimizer) {
+  auto* layerwise = dynamic_cast<LayerwiseOptimizer*>(&optimizer);
+  if (layerwise == nullptr || !layerwise->has_layout()) {
+    optimizer.step();
+    return;
+  }
+  const LayerLayout layout = *layerwise->layout();
+  layerwise->clear_layout();
+  try {
+    optimizer.step();
+  } catch (...) {
+    layerwise->set_layout(layout);
+    throw;
+  }
+  layerwise->set_layout(layout);
+}
+
 bool excluded_from_adaptation(const std::string& name, const torch::Tensor& parameter) {
   if (parameter.dim() < 2) return true;
   const size_t dot = name.rfind('.');

@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "kolo/core/errors.h"
+#include "kolo/torch/layerwise.h"
 #include "zero_format.h"
 #include "zero_state.h"
 
@@ -193,7 +194,9 @@ void restore_state(torch::optim::Optimizer& optimizer, const std::vector<StateLo
     grads.push_back(key.grad());
     key.mutable_grad() = torch::zeros_like(key);
   }
-  optimizer.step();
+  // Without a layer-wise optimizer's cross-rank reduction: this step's
+  // result is discarded, and a rank with no state to restore skips it.
+  step_locally(optimizer);
   for (size_t i = 0; i < loads.size(); ++i) {
     torch::Tensor key = loads[i].key;
     key.copy_(values[i]);
@@ -267,28 +270,21 @@ Shard my_shard(ZeroState& state) {
   shard.rank = state.rank;
   shard.world = state.size;
   for (const ZeroPiece& piece : state.pieces) {
-    const ZeroBucket& bucket = state.buckets[piece.bucket];
     std::map<std::string, torch::Tensor> elementwise;
     std::string scalars;
     if (split_state(*state.optimizer, piece.value, elementwise, scalars)) {
       shard.group_scalars.emplace(piece.group, scalars);
     }
-    // The piece covers bucket elements [lo, hi); cut it per parameter.
-    const int64_t lo = bucket.shard_begin + piece.begin;
-    const int64_t hi = lo + piece.numel;
-    for (int index : bucket.params) {
-      const ZeroParam& p = state.params[index];
-      const int64_t begin = std::max(lo, p.offset);
-      const int64_t end = std::min(hi, p.offset + p.numel);
-      if (begin >= end) continue;
+    for (const detail::PieceRun& run : state.runs_of(piece)) {
+      const ZeroParam& p = state.params[run.param];
       Segment s;
       s.name = p.name;
-      s.offset = begin - p.offset;
-      s.length = end - begin;
+      s.offset = run.offset;
+      s.length = run.numel;
       s.group = p.group;
-      s.values = piece.value.narrow(0, begin - lo, end - begin).clone();
+      s.values = piece.value.narrow(0, run.begin, run.numel).clone();
       for (const auto& [key, t] : elementwise) {
-        s.state[key] = t.narrow(0, begin - lo, end - begin).clone();
+        s.state[key] = t.narrow(0, run.begin, run.numel).clone();
       }
       shard.segments.push_back(std::move(s));
     }

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <unordered_set>
 
+#include "kolo/torch/lamb.h"
+#include "kolo/torch/lars.h"
 #include "zero_state.h"
 
 namespace kolo {
@@ -43,6 +45,10 @@ int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
       total += bytes_of(ada->sum());
     } else if (auto* r = dynamic_cast<const RMSpropParamState*>(s)) {
       total += bytes_of({&r->square_avg(), &r->momentum_buffer(), &r->grad_avg()});
+    } else if (auto* lamb = dynamic_cast<const LAMBParamState*>(s)) {
+      total += bytes_of({&lamb->exp_avg(), &lamb->exp_avg_sq()});
+    } else if (auto* lars = dynamic_cast<const LARSParamState*>(s)) {
+      total += bytes_of(lars->momentum_buffer());
     } else {
       // Another optimizer: the size of its serialised state (tensor bytes
       // plus a small archive overhead).

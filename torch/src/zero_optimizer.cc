@@ -231,13 +231,6 @@ ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, torch::nn::Modu
         "the optimizer has state already (it has stepped); construct the ZeroOptimizer before "
         "the first step";
   }
-  if (error.empty() && dynamic_cast<LayerwiseOptimizer*>(&optimizer) != nullptr) {
-    // Its trust ratios need norms over whole layers, which a rank's slices
-    // do not hold; per-slice norms would be a silently different optimizer.
-    error =
-        "LARS and LAMB (layer-wise trust ratios) are not supported by ZeroOptimizer yet; use "
-        "them with kolo::DistributedOptimizer";
-  }
   std::unordered_map<const c10::TensorImpl*, std::string> names;
   for (const auto& item : model.named_parameters()) {
     names.emplace(item.value().unsafeGetTensorImpl(), item.key());
@@ -342,6 +335,8 @@ ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, torch::nn::Modu
 ZeroOptimizer::~ZeroOptimizer() {
   ZeroState& state = *state_;
   state.pipeline.remove_hooks();
+  // A layer-wise optimizer no longer has partners to reduce its norms with.
+  if (auto* layerwise = dynamic_cast<LayerwiseOptimizer*>(&optimizer_)) layerwise->clear_layout();
   // Requests still running write into our buffers: wait for them (the engine
   // fails them if a peer is gone, so this ends).
   auto wait = [&](const Handle& h) {

@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "kolo/core/errors.h"
+#include "kolo/torch/layerwise.h"
 #include "zero_state.h"
 
 namespace kolo::detail {
@@ -18,6 +19,8 @@ std::pair<int64_t, int64_t> slice_of(int64_t numel, int n, int r) {
 }
 
 namespace {
+
+constexpr const char* kLayerwiseOp = "kolo::ZeroOptimizer (layer norms)";
 
 // Cuts this rank's slice of `bucket` into pieces of one group each.
 void add_pieces(ZeroState& state, int b) {
@@ -149,6 +152,50 @@ void ZeroState::build(const std::vector<std::pair<std::string, ShardedUnitImpl*>
     groups[piece.group].params().push_back(piece.value);
   }
   point_piece_grads();
+  describe_layers();
+}
+
+std::vector<PieceRun> ZeroState::runs_of(const ZeroPiece& piece) const {
+  const ZeroBucket& bucket = buckets[piece.bucket];
+  // The piece covers bucket elements [lo, hi).
+  const int64_t lo = bucket.shard_begin + piece.begin;
+  const int64_t hi = lo + piece.numel;
+  std::vector<PieceRun> runs;
+  for (int index : bucket.params) {
+    const ZeroParam& p = params[index];
+    const int64_t begin = std::max(lo, p.offset);
+    const int64_t end = std::min(hi, p.offset + p.numel);
+    if (begin < end) runs.push_back({index, begin - p.offset, begin - lo, end - begin});
+  }
+  return runs;
+}
+
+void ZeroState::describe_layers() {
+  auto* layerwise = dynamic_cast<LayerwiseOptimizer*>(optimizer);
+  if (layerwise == nullptr) return;
+  LayerLayout layout;
+  layout.layers = static_cast<int64_t>(params.size());
+  layout.runs.resize(optimizer->param_groups().size());
+  // Pieces were appended to their groups in this order (build()).
+  for (const ZeroPiece& piece : pieces) {
+    std::vector<LayerRun> runs;
+    for (const PieceRun& run : runs_of(piece)) runs.push_back({run.param, run.begin, run.numel});
+    layout.runs[piece.group].push_back(std::move(runs));
+  }
+  // Every rank's partial sums of squares, summed: one request per step, the
+  // same on every rank of the set (the layers are numbered alike everywhere,
+  // and a rank without a piece of a layer adds zeros).
+  Engine* engine_for_norms = engine;
+  RequestOptions sum;
+  sum.op = ReduceOp::kSum;
+  sum.process_set = options.process_set;
+  const std::string name = options.name_prefix + "layer_norms";
+  const std::chrono::milliseconds timeout = options.timeout;
+  layout.reduce_sum = [engine_for_norms, sum, name, timeout](torch::Tensor& sums) {
+    const TensorView view = tensor_view(sums, kLayerwiseOp, name);
+    engine_for_norms->allreduce_async(name, view, view, sum).wait(timeout);
+  };
+  layerwise->set_layout(std::move(layout));
 }
 
 }  // namespace kolo::detail

@@ -54,6 +54,14 @@ struct ZeroPiece {
   torch::Tensor value;  // view of bucket.shard
 };
 
+// The part of one parameter inside a piece.
+struct PieceRun {
+  int param = 0;       // index into ZeroState::params
+  int64_t offset = 0;  // first element within the (flattened) parameter
+  int64_t begin = 0;   // first element within the piece
+  int64_t numel = 0;
+};
+
 // One bucket: consecutive parameters of one dtype, laid end to end in a flat
 // buffer and split across the ranks (slice_of); bucket b of the pipeline has
 // the same parameters. Which buffers exist:
@@ -130,6 +138,13 @@ struct ZeroState : GradientPipeline::Policy {
   // Fills params, buckets, pieces from the optimizer (stage 1/2: by bytes,
   // stage 3: one bucket per unit) and rewrites the optimizer's groups.
   void build(const std::vector<std::pair<std::string, ShardedUnitImpl*>>& named_units);
+  // The parameters a piece holds, in element order.
+  std::vector<PieceRun> runs_of(const ZeroPiece& piece) const;
+  // A layer-wise optimizer (LARS, LAMB; kolo/torch/layerwise.h) gets the
+  // layers of its pieces (layer = index into params, the same on every rank)
+  // and one allreduce of its per-layer partial norms per step. No-op for
+  // other optimizers.
+  void describe_layers();
 
   // --- zero_optimizer.cc ---
   void launch(int bucket, bool in_backward) override;  // GradientPipeline::Policy

@@ -76,6 +76,7 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
   // Back to one layer per parameter, nothing communicated.
   void clear_layout();
   bool has_layout() const { return layout_ != nullptr; }
+  const LayerLayout* layout() const { return layout_.get(); }
 
   // Collectives issued by step() through the layout's reduce_sum since
   // construction (at most one per step).
@@ -130,6 +131,12 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
   std::unique_ptr<LayerLayout> layout_;
   int64_t reductions_ = 0;
 };
+
+// optimizer.step(), except that a LayerwiseOptimizer with a layout steps
+// without its cross-rank reduction (each run's norms from this rank's
+// elements alone). For a step whose result is discarded and that not every
+// rank takes: a sharded checkpoint creates the state it then overwrites so.
+void step_locally(torch::optim::Optimizer& optimizer);
 
 // The recipe's rule: biases and normalisation parameters (BatchNorm,
 // LayerNorm, GroupNorm scales and shifts) take neither weight decay nor

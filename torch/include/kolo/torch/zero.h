@@ -55,7 +55,9 @@
 // group). The optimizer must not have stepped before (its state must be
 // empty), and its update must be element-wise (SGD, Adam, AdamW, Adagrad,
 // RMSprop: the state of an element depends only on that element's history;
-// LBFGS is not). Group options (lr, weight decay...) keep working: LR
+// LBFGS is not), or layer-wise through kolo::LayerwiseOptimizer (LARS, LAMB:
+// given the layers of their pieces, they reduce per-layer norms in one
+// allreduce per step). Group options (lr, weight decay...) keep working: LR
 // schedulers that change a group's lr see the same groups.
 //
 // Collective. Construction, step(), and the checkpoint calls are collective
