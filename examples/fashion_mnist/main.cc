@@ -13,7 +13,9 @@
 //   1. kolo::init(), and set the threads each worker computes with
 //   2. load the data and give each worker its shard (DistributedSampler)
 //   3. build the model (the seed's Keras CNN)
-//   4. scale the learning rate by the number of workers, reached by a warmup
+//   4. choose the optimizer (--optimizer adam|sgd|lars|lamb) and its learning-rate
+//      schedule: scaled by the number of workers and reached by a warmup, or, for
+//      the layer-wise LARS and LAMB, set for the global batch (docs/large_batch.md)
 //   5. start every worker from rank 0's weights and optimizer state
 //   6. wrap the optimizer in kolo::DistributedOptimizer (or, with --zero-stage 1-3,
 //      kolo::ZeroOptimizer, which shards it across the workers), and resume
@@ -44,6 +46,7 @@
 #include "fashion_mnist_data.h"
 #include "kolo/torch.h"
 #include "model.h"
+#include "optimizer_choice.h"
 
 namespace {
 
@@ -57,17 +60,18 @@ double seconds_since(Clock::time_point start) {
 
 struct Flags {
   int epochs = 2;
-  int64_t batch_size = 64;           // per worker; the global batch is workers x this
-  double lr = 1e-3;                  // Adam's rate for one worker
-  bool scale_lr = false;             // multiply lr by the number of workers (Goyal et al.)
-  double warmup_epochs = 0;          // reach the scaled rate linearly over this many epochs
-  std::string checkpoint_dir;        // "" = no checkpoints
-  bool resume = false;               // start from the checkpoint in checkpoint_dir
-  int threads = 0;                   // 0 = $OMP_NUM_THREADS (kolorun sets it), else 1
-  int64_t train_subset = 0;          // 0 = all 60000 training images
-  int64_t test_subset = 0;           // 0 = all 10000 test images
-  std::string compression = "none";  // gradients on the wire: none, fp16, bf16
-  int zero_stage = 0;                // 0 = DistributedOptimizer, 1-3 = ZeRO stage (docs/zero.md)
+  int64_t batch_size = 64;                   // per worker; the global batch is workers x this
+  fashion_mnist::OptimizerChoice optimizer;  // --optimizer, --lr, --momentum, --weight-decay
+  bool scale_lr = false;                     // multiply lr by the number of workers (Goyal et al.)
+  double warmup_epochs = 0;                  // reach the peak rate linearly over this many epochs
+  std::string lr_decay = "constant";         // after the warmup: constant or cosine
+  std::string checkpoint_dir;                // "" = no checkpoints
+  bool resume = false;                       // start from the checkpoint in checkpoint_dir
+  int threads = 0;                           // 0 = $OMP_NUM_THREADS (kolorun sets it), else 1
+  int64_t train_subset = 0;                  // 0 = all 60000 training images
+  int64_t test_subset = 0;                   // 0 = all 10000 test images
+  std::string compression = "none";          // gradients on the wire: none, fp16, bf16
+  int zero_stage = 0;  // 0 = DistributedOptimizer, 1-3 = ZeRO stage (docs/zero.md)
   std::string data_dir = fashion_mnist::kDefaultDataDir;
   uint64_t seed = 42;
   int progress_lines = 10;    // progress lines per epoch on rank 0
@@ -75,6 +79,24 @@ struct Flags {
   bool elastic = false;       // train with kolo::elastic::run (kolorun --min-np/--max-np)
   int64_t commit_every = 20;  // --elastic: steps between commits
 };
+
+fashion_mnist::ScheduleChoice schedule_choice(const Flags& flags) {
+  fashion_mnist::ScheduleChoice choice;
+  choice.scale_lr = flags.scale_lr;
+  choice.warmup_epochs = flags.warmup_epochs;
+  choice.decay = flags.lr_decay;
+  choice.epochs = flags.epochs;
+  return choice;
+}
+
+// "  lamb lr 0.00125 -> 0.02 over 2 warmup epoch(s), then cosine; weight decay 0.01"
+void print_optimizer(const fashion_mnist::OptimizerChoice& choice,
+                     const kolo::LrScheduleOptions& schedule, const std::string& decay) {
+  std::printf("  %s lr %g -> %g over %g warmup epoch(s), then %s", choice.name.c_str(),
+              schedule.base_lr, schedule.peak_lr, schedule.warmup_epochs, decay.c_str());
+  if (choice.name == "sgd" || choice.name == "lars") std::printf("; momentum %g", choice.momentum);
+  std::printf("; weight decay %g\n", choice.weight_decay);
+}
 
 int default_threads() {
   const char* omp = std::getenv("OMP_NUM_THREADS");
@@ -261,36 +283,38 @@ int run(const Flags& flags) {
   torch::manual_seed(flags.seed);
   Cnn model;
 
-  // --- 4. Learning rate: scaled by the number of workers, with a warmup ----
+  // --- 4. The optimizer and its learning rate, step by step ------------------
   // The global batch is `workers` times larger than one worker's, so the rate
-  // may be too (linear scaling); the warmup climbs to it from the
-  // single-worker rate over the first epochs, step by step.
-  kolo::LrScheduleOptions schedule_options;
-  schedule_options.base_lr = flags.lr;
-  schedule_options.peak_lr = flags.scale_lr ? kolo::scaled_lr(flags.lr, workers) : flags.lr;
-  schedule_options.warmup_epochs = flags.warmup_epochs;
-  schedule_options.steps_per_epoch = steps_per_epoch;
+  // may be too (--scale-lr, linear scaling); the warmup climbs to it from the
+  // single-worker rate over the first epochs. LARS and LAMB instead take a
+  // rate set for the global batch, reached from near zero by the warmup
+  // (optimizer_choice.h).
+  const fashion_mnist::OptimizerChoice choice = fashion_mnist::resolved(flags.optimizer);
+  const kolo::LrScheduleOptions schedule_options =
+      fashion_mnist::schedule_options(choice.lr, schedule_choice(flags), workers, steps_per_epoch);
   const kolo::LrSchedule schedule(schedule_options);
-  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(flags.lr));
+  const std::unique_ptr<torch::optim::Optimizer> base_optimizer =
+      fashion_mnist::make_optimizer(choice, *model);
 
   // --- 5. Same starting point on every worker -----------------------------
-  // Rank 0's weights and optimizer state (Adam has none yet; a checkpoint
-  // overwrites both below).
+  // Rank 0's weights and optimizer state (none yet before the first step; a
+  // checkpoint overwrites both below).
   kolo::broadcast_parameters(*model, /*root=*/0);
-  kolo::broadcast_optimizer_state(adam, /*root=*/0);
+  kolo::broadcast_optimizer_state(*base_optimizer, /*root=*/0);
 
   // --- 6. The distributed optimizer -------------------------------------------
   // backward() hands the gradients to kolo's engine in buckets (DDP's 25 MiB
   // by default; this model's 4.8 MB of gradients make one bucket, averaged
   // over the workers in one fused allreduce as backward() ends);
-  // optimizer->step() waits for them, then steps Adam. With --zero-stage 1-3
-  // the same call builds a kolo::ZeroOptimizer, which shards Adam's state
-  // (and the gradients, and the parameters) across the workers instead.
+  // optimizer->step() waits for them, then steps the optimizer. With
+  // --zero-stage 1-3 the same call builds a kolo::ZeroOptimizer, which shards
+  // the optimizer's state (and the gradients, and the parameters) across the
+  // workers instead.
   kolo::ParallelOptimizerOptions optimizer_options;
   optimizer_options.zero_stage = flags.zero_stage;
   optimizer_options.compression = kolo::parse_compression(flags.compression);
   const std::unique_ptr<kolo::ParallelOptimizer> optimizer =
-      kolo::make_parallel_optimizer(adam, *model, optimizer_options);
+      kolo::make_parallel_optimizer(*base_optimizer, *model, optimizer_options);
   // --resume: every worker continues from the checkpoint, whatever stage and
   // worker count wrote it.
   int first_epoch = 0;
@@ -312,12 +336,11 @@ int run(const Flags& flags) {
         static_cast<long long>(train.images.size(0)),
         static_cast<long long>(flags.balance ? shard_size / workers : shard_size),
         static_cast<long long>(steps_per_epoch), static_cast<long long>(test.images.size(0)));
-    std::printf(
-        "  batch %lld per worker (global %lld), Adam lr %g -> %g over %g warmup epoch(s), "
-        "gradient compression %s, ZeRO stage %d\n",
-        static_cast<long long>(flags.batch_size),
-        static_cast<long long>(flags.batch_size * workers), schedule_options.base_lr,
-        schedule_options.peak_lr, flags.warmup_epochs, flags.compression.c_str(), flags.zero_stage);
+    std::printf("  batch %lld per worker (global %lld), gradient compression %s, ZeRO stage %d\n",
+                static_cast<long long>(flags.batch_size),
+                static_cast<long long>(flags.batch_size * workers), flags.compression.c_str(),
+                flags.zero_stage);
+    print_optimizer(choice, schedule_options, flags.lr_decay);
     std::fflush(stdout);
   }
 
@@ -345,7 +368,7 @@ int run(const Flags& flags) {
       const torch::Tensor images = as_input(train.images.index_select(0, rows));  // (B, 1, 28, 28)
       const torch::Tensor labels = train.labels.index_select(0, rows);            // (B)
 
-      kolo::apply_lr(adam, schedule.lr(epoch, step));
+      kolo::apply_lr(*base_optimizer, schedule.lr(epoch, step));
       optimizer->zero_grad();
       const torch::Tensor logits = model->forward(images);  // (B, 10)
       const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
@@ -358,7 +381,7 @@ int run(const Flags& flags) {
       } else {
         loss.backward();  // gradients' allreduces start here, in buckets (one, for this model)
       }
-      optimizer->step();  // waits for the averaged gradients, then steps Adam
+      optimizer->step();  // waits for the averaged gradients, then steps the optimizer
 
       const int64_t b = rows.size(0);
       loss_sum += loss.item<double>() * static_cast<double>(b);
@@ -396,7 +419,7 @@ int run(const Flags& flags) {
     records.push_back({epoch + 1, epoch_s, images_per_s, train_loss, train_accuracy, eval});
 
     // Checkpoint (atomically, collective): rank 0 writes the whole model and
-    // Adam at --zero-stage 0, every worker its shard at stages 1-3.
+    // its optimizer at --zero-stage 0, every worker its shard at stages 1-3.
     if (!flags.checkpoint_dir.empty()) {
       kolo::CheckpointState state;
       state.epoch = epoch + 1;  // epochs completed
@@ -421,7 +444,7 @@ int run(const Flags& flags) {
 // (killed, its host gone) or kolorun starts a new one. kolorun decides each
 // world (a "round"); kolo::elastic::run calls train() once per round with kolo
 // initialised for it. What must survive a change is a kolo::elastic::TorchState:
-// the model, Adam's state, the epoch, the step and how many of the epoch's
+// the model, the optimizer's state, the epoch, the step and how many of the epoch's
 // images the whole world has taken. Every --commit-every steps (and at the end
 // of every epoch) the workers commit it, an in-memory snapshot. After a change
 // every worker returns to the last commit of rank 0 (the oldest survivor), and
@@ -439,7 +462,9 @@ int run_elastic(const Flags& flags) {
   const int64_t train_size = train.images.size(0);
   torch::manual_seed(flags.seed);
   Cnn model;
-  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(flags.lr));
+  const fashion_mnist::OptimizerChoice choice = fashion_mnist::resolved(flags.optimizer);
+  const std::unique_ptr<torch::optim::Optimizer> base_optimizer =
+      fashion_mnist::make_optimizer(choice, *model);
 
   // The state that survives a change. With --checkpoint-dir rank 0 also
   // writes every commit to <dir>/elastic.commit, and --resume starts from it.
@@ -450,8 +475,8 @@ int run_elastic(const Flags& flags) {
     std::filesystem::create_directories(flags.checkpoint_dir);
     commit_options.commit_path = flags.checkpoint_dir + "/elastic.commit";
   }
-  kolo::elastic::TorchState state(*model, &adam, static_cast<size_t>(train_size), shard,
-                                  commit_options);
+  kolo::elastic::TorchState state(*model, base_optimizer.get(), static_cast<size_t>(train_size),
+                                  shard, commit_options);
   // A missing, truncated or corrupt commit file is an error naming it.
   if (flags.resume) state.load_commit_file(commit_options.commit_path);
 
@@ -465,15 +490,11 @@ int run_elastic(const Flags& flags) {
     // Built afresh per round: it belongs to this round's engine.
     kolo::DistributedOptimizerOptions dist_options;
     dist_options.compression = kolo::parse_compression(flags.compression);
-    kolo::DistributedOptimizer optimizer(adam, model->named_parameters(), dist_options);
+    kolo::DistributedOptimizer optimizer(*base_optimizer, model->named_parameters(), dist_options);
     // The rate is scaled for this world's size (the warmup counts this world's steps).
-    kolo::LrScheduleOptions schedule_options;
-    schedule_options.base_lr = flags.lr;
-    schedule_options.peak_lr = flags.scale_lr ? kolo::scaled_lr(flags.lr, workers) : flags.lr;
-    schedule_options.warmup_epochs = flags.warmup_epochs;
-    schedule_options.steps_per_epoch =
-        (train_size + flags.batch_size * workers - 1) / (flags.batch_size * workers);
-    const kolo::LrSchedule schedule(schedule_options);
+    const kolo::LrSchedule schedule(fashion_mnist::schedule_options(
+        choice.lr, schedule_choice(flags), workers,
+        (train_size + flags.batch_size * workers - 1) / (flags.batch_size * workers)));
     torch::manual_seed(flags.seed + 1000003ULL * static_cast<uint64_t>(rank + 1) +
                        7919ULL * static_cast<uint64_t>(state.round()));
     if (chief) {
@@ -498,7 +519,7 @@ int run_elastic(const Flags& flags) {
             torch::tensor(std::vector<int64_t>(rows->begin(), rows->end()), torch::kLong);
         const torch::Tensor images = as_input(train.images.index_select(0, index));
         const torch::Tensor labels = train.labels.index_select(0, index);
-        kolo::apply_lr(adam, schedule.lr(state.epoch, state.batch));
+        kolo::apply_lr(*base_optimizer, schedule.lr(state.epoch, state.batch));
         optimizer.zero_grad();
         const torch::Tensor logits = model->forward(images);
         const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
@@ -553,12 +574,32 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", flags.batch_size, "Images per worker per step")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--lr", flags.lr, "Adam learning rate for one worker")->capture_default_str();
+  app.add_option("--optimizer", flags.optimizer.name,
+                 "adam, sgd (with momentum), lars or lamb (layer-wise, for large batches: "
+                 "docs/large_batch.md)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"adam", "sgd", "lars", "lamb"}));
+  app.add_option("--lr", flags.optimizer.lr,
+                 "Learning rate (with --scale-lr: for one worker); default: adam 0.001, sgd "
+                 "0.05, lars and lamb the 8 x 2048 recipe's (docs/large_batch.md)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--momentum", flags.optimizer.momentum, "Momentum of sgd and lars")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.999999));
+  app.add_option("--weight-decay", flags.optimizer.weight_decay,
+                 "Weight decay; default: adam 0, sgd and lars 5e-4, lamb 0.01 (lars and lamb "
+                 "leave biases and normalisation parameters undecayed)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--scale-lr", flags.scale_lr, "Multiply the learning rate by the number of workers");
   app.add_option("--warmup-epochs", flags.warmup_epochs,
-                 "Epochs over which the rate climbs from --lr to the scaled rate")
+                 "Epochs over which the rate climbs linearly: from --lr to the scaled rate with "
+                 "--scale-lr, else from --lr / (warmup steps) to --lr")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--lr-decay", flags.lr_decay,
+                 "After the warmup: constant, or cosine (down to 0 at the last epoch)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"constant", "cosine"}));
   app.add_option("--checkpoint-dir", flags.checkpoint_dir,
                  "Save after every epoch: rank 0 writes <dir>/checkpoint.kolo (--zero-stage 0) "
                  "or every rank its shard of <dir>/zero/ (stages 1-3)");
@@ -621,11 +662,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (flags.elastic && flags.zero_stage != 0) {
-    std::fprintf(stderr,
-                 "fashion_mnist: --elastic cannot be combined with --zero-stage %d: ZeRO shards "
-                 "Adam's state across a fixed set of workers, while an elastic commit holds the "
-                 "whole state on every worker; use --zero-stage 0 (the default) with --elastic\n",
-                 flags.zero_stage);
+    std::fprintf(
+        stderr,
+        "fashion_mnist: --elastic cannot be combined with --zero-stage %d: ZeRO shards "
+        "the optimizer's state across a fixed set of workers, while an elastic commit holds the "
+        "whole state on every worker; use --zero-stage 0 (the default) with --elastic\n",
+        flags.zero_stage);
     return 2;
   }
   try {
