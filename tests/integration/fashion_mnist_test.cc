@@ -347,6 +347,34 @@ TEST_F(FashionMnistExample, BalanceWithElasticIsAClearError) {
   EXPECT_NE(r.err.find("--balance works without --elastic only"), std::string::npos) << r.err;
 }
 
+// --optimizer lars and lamb (the layer-wise optimizers, with the recipe's
+// groups, warmup and cosine decay) train the example through kolorun; the
+// banner names the optimizer and its schedule.
+TEST_F(FashionMnistExample, LarsAndLambTrainOnTwoWorkers) {
+  for (const std::string optimizer : {"lars", "lamb"}) {
+    RunResult r =
+        run_kolorun({"-np", "2", example_path(), "--optimizer", optimizer, "--warmup-epochs=0.5",
+                     "--lr-decay=cosine", "--train-subset=2000", "--test-subset=300",
+                     "--batch-size=64", "--threads=1", "--epochs", "2", "--progress-lines=1"},
+                    seconds(120));
+    ASSERT_FALSE(r.timed_out) << r.out << r.err;
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("  " + optimizer + " lr "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("over 0.5 warmup epoch(s), then cosine"), std::string::npos) << r.out;
+    const auto accuracy = values_after(r.out, "test accuracy");
+    ASSERT_EQ(accuracy.size(), 2u) << r.out;
+    EXPECT_GT(accuracy[1], 0.5) << optimizer << "\n" << r.out;
+  }
+}
+
+TEST_F(FashionMnistExample, UnknownOptimizerIsAClearError) {
+  RunResult r = run_kolorun({"-np", "1", example_path(), "--optimizer", "adagrad"}, seconds(60));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--optimizer"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("adagrad"), std::string::npos) << r.err;
+}
+
 TEST_F(FashionMnistExample, BadZeroStageIsAClearError) {
   RunResult r = run_kolorun({"-np", "1", example_path(), "--zero-stage", "4"}, seconds(60));
   ASSERT_FALSE(r.timed_out) << r.out << r.err;
