@@ -204,6 +204,11 @@ torch::Tensor ColumnParallelLinearImpl::full_weight() {
   return group_of(options_).gather_last(weight.detach().t(), options_.name + "/full_weight").t();
 }
 
+torch::Tensor ColumnParallelLinearImpl::full_bias() {
+  if (!bias.defined() || size_ == 1) return bias.defined() ? bias.detach().clone() : bias;
+  return group_of(options_).gather_last(bias.detach(), options_.name + "/full_bias");
+}
+
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& input) {
   if (size_ == 1) return torch::nn::functional::linear(input, weight, bias);
   const Group group = group_of(options_);

@@ -6,6 +6,7 @@
 #include "kolo/core/config.h"
 #include "kolo/core/dtype.h"
 #include "kolo/core/errors.h"
+#include "kolo/core/parallel_grid.h"
 #include "kolo/core/runtime.h"
 #include "kolo/core/store.h"
 #include "kolo/core/topology.h"

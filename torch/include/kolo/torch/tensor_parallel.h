@@ -69,6 +69,7 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
   // Copies this rank's shard of `weight` (out, in) and `bias` (out) or undefined.
   void from_full(const torch::Tensor& weight, const torch::Tensor& bias);
   torch::Tensor full_weight();  // collective: (out, in)
+  torch::Tensor full_bias();    // collective: (out), or undefined without a bias
 
   // (*, in) -> (*, out) with gather_output, else (*, this rank's out shard).
   torch::Tensor forward(const torch::Tensor& input);
