@@ -9,6 +9,7 @@ packages=(
   libgloo-dev                        # gloo backend
   zlib1g-dev                         # CRC-32 of kolo's files, gzipped data
   libgtest-dev libgmock-dev          # tests
+  clang libclang-rt-14-dev           # the sanitizer build and libFuzzer (scripts/sanitize.sh)
   libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libopenblas0-pthread               # libtorch otherwise uses the reference BLAS

@@ -8,3 +8,9 @@ bash scripts/build.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cd build
 ctest --output-on-failure --timeout 600 -j 1 "$@"
+# The whole suite (no ctest arguments) also runs the sanitizer build: ASan +
+# UBSan over the unit and collectives tiers, and the fuzz targets.
+if (($# == 0)); then
+  cd ..
+  bash scripts/sanitize.sh
+fi

@@ -17,6 +17,7 @@
 //    to the type's range (NaN stores 0).
 #include "reduce.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <cmath>
@@ -327,8 +328,17 @@ KOLO_HOT_KERNEL void reduce_f16c(const Call& c) {
   }
 }
 
+// CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports knows no "f16c").
+bool cpu_has_f16c() {
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  }();
+  return has;
+}
+
 void reduce_f16(const Call& c) {
-  if (__builtin_cpu_supports("f16c")) {
+  if (cpu_has_f16c()) {
     reduce_f16c(c);
   } else {
     reduce_f16_portable(c);
@@ -391,10 +401,10 @@ void reduce_inputs(void* out, const void* const* inputs, int n, size_t count, DT
   check_op(options.op);
   // One input averaged over one rank, unscaled, is that input: copied, or
   // nothing at all in place, instead of a multiply by 1 over every element.
-  const bool identity = n == 1 && divisor == 1 && options.prescale == 1.0 &&
-                        options.postscale == 1.0;
-  run(Call{out, inputs, n, count, options.op, !identity && !is_unscaled(options),
-           options.prescale, options.postscale, divisor},
+  const bool identity =
+      n == 1 && divisor == 1 && options.prescale == 1.0 && options.postscale == 1.0;
+  run(Call{out, inputs, n, count, options.op, !identity && !is_unscaled(options), options.prescale,
+           options.postscale, divisor},
       dtype);
 }
 

@@ -82,7 +82,9 @@ class World {
 class Matrix : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(Matrix, EveryCollectiveOpDtypeAndCount) {
-  const auto& [backend, size] = GetParam();
+  // Not a structured binding: clang (the sanitizer build) cannot capture one in a lambda.
+  const std::string& backend = std::get<0>(GetParam());
+  const int size = std::get<1>(GetParam());
   World world(backend, size, kMatrixTimeout);
   std::vector<std::vector<std::string>> failures(size);
   run_ranks(size, [&](int rank) {

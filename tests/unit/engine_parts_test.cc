@@ -70,6 +70,15 @@ TEST(EngineMessage, CorruptListsAreRuntimeFaults) {
                RuntimeFault);
 }
 
+// Found by tests/fuzz/engine_message_fuzz (corpus regression-request-count):
+// 12 bytes announcing 2^32 - 1 requests made deserialize() reserve about
+// 400 GiB (an out-of-memory abort under ASan, std::bad_alloc otherwise).
+TEST(EngineMessage, ARequestCountTheBytesCannotHoldIsARuntimeFault) {
+  const std::string bytes = std::string("1lok") + std::string(4, '\xff') + "\xff\xff\xff\x08";
+  EXPECT_THROW(deserialize(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()),
+               RuntimeFault);
+}
+
 ResponsePtr response(const std::string& name) {
   auto r = std::make_shared<Response>();
   r->name = name;

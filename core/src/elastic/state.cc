@@ -126,9 +126,12 @@ void State::load_commit(const Bytes& bytes) {
 }
 
 void State::load_commit_file(const std::string& path) {
-  const std::string payload = read_checked_file(path, kElasticCommitFile);
+  load_commit_payload(read_checked_file(path, kElasticCommitFile), path);
+}
+
+void State::load_commit_payload(const std::string& payload, const std::string& source) {
   const auto fail = [&](const std::string& what) {
-    throw ContractError(std::string(kElasticCommitFile.what) + " '" + path + "': " + what);
+    throw ContractError(std::string(kElasticCommitFile.what) + " '" + source + "': " + what);
   };
   if (payload.size() < 4) fail("truncated: no commit format");
   uint32_t format = 0;

@@ -118,6 +118,7 @@ class Reader {
     return v;
   }
   bool at_end() const { return pos_ == size_; }
+  size_t remaining() const { return size_ - pos_; }
 
  private:
   void need(size_t n) {
@@ -175,6 +176,14 @@ RequestList deserialize(const uint8_t* data, size_t size) {
   }
   RequestList list;
   const uint32_t n = r.pod<uint32_t>();
+  // A request takes at least 35 bytes (kind, dtype, op, root, two scales,
+  // three lengths): a count the rest cannot hold must not size an allocation.
+  if (n > r.remaining() / 35) {
+    throw RuntimeFault("kolo engine: a negotiation message announces " + std::to_string(n) +
+                       " requests in " + std::to_string(size) +
+                       " bytes; the ranks run different kolo builds or the exchange was "
+                       "corrupted");
+  }
   list.requests.reserve(n);
   for (uint32_t i = 0; i < n; ++i) {
     RequestInfo info;
@@ -205,7 +214,13 @@ RequestList deserialize(const uint8_t* data, size_t size) {
     v.waited_seconds = r.pod<double>();
     list.verdicts.push_back(std::move(v));
   }
-  list.has_params = r.pod<uint8_t>() != 0;
+  const uint8_t has_params = r.pod<uint8_t>();
+  if (has_params > 1) {
+    throw RuntimeFault(
+        "kolo engine: a negotiation message has a malformed flag; the ranks run different kolo "
+        "builds or the exchange was corrupted");
+  }
+  list.has_params = has_params == 1;
   if (list.has_params) {
     list.cycle_time_ms = r.pod<double>();
     list.fusion_threshold_bytes = r.pod<int64_t>();

@@ -150,6 +150,9 @@ class State {
   // file of another kind or format, or a commit that does not fit this state
   // is a ContractError naming the file.
   void load_commit_file(const std::string& path);
+  // load_commit_file() after the file's container: `payload` is what
+  // read_checked_file(path, kElasticCommitFile) returned; `source` names it.
+  void load_commit_payload(const std::string& payload, const std::string& source);
   // Commits so far in this process.
   int64_t commit_count() const { return commit_count_; }
   // The last committed bytes (empty before the first commit).

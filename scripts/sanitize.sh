@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The sanitizer build and its tests (CI runs it after the main suite, from
+# scripts/test.sh): the core and the libtorch frontend built with clang under
+# AddressSanitizer + UndefinedBehaviorSanitizer at -O1 (any report fails),
+# the libFuzzer targets of tests/fuzz, each run for KOLO_FUZZ_SECONDS (35),
+# and the test tiers named in KOLO_SANITIZE_TIERS.
+# Into ./build-asan. Extra args go to ctest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${KOLO_FUZZ_SECONDS:-35}
+CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DKOLO_FUZZ=ON -DKOLO_FUZZ_SECONDS="$seconds" >/dev/null
+# KOLO_SANITIZE_TIERS: ctest labels of the test tiers run under the
+# sanitizers besides the fuzz targets (CI: none yet; "unit collectives" builds
+# and runs those tiers too).
+tiers=${KOLO_SANITIZE_TIERS:-}
+if [[ -n $tiers ]]; then
+  cmake --build build-asan -j "$(nproc)" --target kolo_sanitized
+else
+  cmake --build build-asan -j "$(nproc)" --target kolo_fuzz_targets
+fi
+# OpenMPI refuses root without these; CI runs as root. Leaks in the test
+# binaries are not checked (gtest and the backends' libraries keep state until
+# exit); the fuzz targets check them (tests/fuzz/run_fuzz.sh).
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+cd build-asan
+labels="fuzz"
+for t in $tiers; do labels+="|$t"; done
+ctest --output-on-failure --timeout 600 -j 1 -L "^($labels)\$" "$@"
