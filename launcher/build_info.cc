@@ -5,21 +5,18 @@
 #include <vector>
 
 #include "kolo/core/communicator.h"
-
-#ifndef KOLO_VERSION_STRING
-#define KOLO_VERSION_STRING "unknown"
-#endif
+#include "kolo/version.h"
 
 namespace kolo::launcher {
 
-std::string version_text() { return std::string("kolorun (kolo) ") + KOLO_VERSION_STRING; }
+std::string version_text() { return std::string("kolorun (kolo) ") + kolo::version(); }
 
 std::string check_build_text() {
   const std::vector<std::string> compiled = compiled_backends();
   auto mark = [&](const std::string& name) {
     return std::find(compiled.begin(), compiled.end(), name) != compiled.end() ? "[X]" : "[ ]";
   };
-  std::string text = "kolo v" + std::string(KOLO_VERSION_STRING) + ":\n\n";
+  std::string text = "kolo v" + std::string(kolo::version()) + ":\n\n";
   text += "Available Frameworks:\n";
   text += "    [ ] libtorch (not yet: the kolo_torch layer is a later issue)\n\n";
   text += "Available Launchers:\n";

@@ -10,3 +10,4 @@
 #include "kolo/core/runtime.h"
 #include "kolo/core/store.h"
 #include "kolo/core/topology.h"
+#include "kolo/version.h"

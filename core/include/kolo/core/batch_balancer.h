@@ -77,18 +77,19 @@
 #include <string>
 #include <vector>
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 class Engine;
 
 struct BatchBalancerOptions {
-  int64_t global_batch = 0;   // G: samples per step summed over all ranks
-  int64_t granularity = 1;    // batches are multiples of it; G % granularity == 0
-  int interval = 10;          // record() calls (steps) between rebalances
-  double smoothing = 0.5;     // weight of the newest rate in the running average, (0, 1]
+  int64_t global_batch = 0;    // G: samples per step summed over all ranks
+  int64_t granularity = 1;     // batches are multiples of it; G % granularity == 0
+  int interval = 10;           // record() calls (steps) between rebalances
+  double smoothing = 0.5;      // weight of the newest rate in the running average, (0, 1]
   double min_fraction = 0.25;  // floor of a rank's batch as a fraction of G / size, (0, 1]
-  double min_gain = 0.03;     // predicted step-time gain a new split needs, [0, 1)
-  Engine* engine = nullptr;   // nullptr = kolo::runtime().engine(); the whole world
+  double min_gain = 0.03;      // predicted step-time gain a new split needs, [0, 1)
+  Engine* engine = nullptr;    // nullptr = kolo::runtime().engine(); the whole world
   std::string name = "kolo.batch_balancer";  // request name prefix (distinct per balancer)
 };
 
@@ -144,9 +145,10 @@ class BatchBalancer {
   std::vector<int64_t> batches_;
   std::vector<int64_t> offsets_;
   std::vector<double> rates_;
-  int calls_since_ = 0;              // record() calls since the last rebalance
+  int calls_since_ = 0;             // record() calls since the last rebalance
   std::vector<double> step_rates_;  // this rank's samples/second per step since the last rebalance
   int64_t rebalances_ = 0;
 };
 
 }  // namespace kolo
+#pragma GCC visibility pop

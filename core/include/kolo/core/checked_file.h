@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <string>
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 // CRC-32 (IEEE 802.3 polynomial, reflected: the value zlib's crc32 returns,
@@ -73,3 +74,4 @@ void write_checked_file(const std::string& path, const FileKind& kind, const std
 std::string read_checked_file(const std::string& path, const FileKind& kind);
 
 }  // namespace kolo
+#pragma GCC visibility pop

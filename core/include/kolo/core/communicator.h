@@ -30,6 +30,7 @@
 
 #include "kolo/core/dtype.h"
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 class Store;
@@ -125,8 +126,8 @@ class Communicator {
   // Variable counts: rank k contributes counts[k] elements (its own `in` holds
   // counts[rank()]); out holds sum(counts) in rank order. counts must be identical
   // on every rank. In place: in == out + (sum of counts[k] for k < rank()).
-  virtual void allgatherv(const void* in, void* out, const std::vector<size_t>& counts,
-                          DType dtype, const CollectiveOptions& options) = 0;
+  virtual void allgatherv(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
+                          const CollectiveOptions& options) = 0;
 
   // Root's buffer is copied to every rank's buffer.
   virtual void broadcast(void* buffer, size_t count, DType dtype,
@@ -239,3 +240,4 @@ std::vector<std::unique_ptr<Communicator>> make_thread_communicators(
     int size, std::chrono::milliseconds timeout = std::chrono::seconds(300));
 
 }  // namespace kolo
+#pragma GCC visibility pop

@@ -14,12 +14,13 @@
 #include <string>
 #include <vector>
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 enum class ConfigType { kBool, kInt, kDouble, kString, kChoice };
 
 struct ConfigVar {
-  const char* name;           // "KOLO_BACKEND"
+  const char* name;  // "KOLO_BACKEND"
   ConfigType type;
   const char* default_value;  // as text; "" = unset
   const char* choices;        // kChoice only: "auto|shm|gloo|mpi"
@@ -56,3 +57,4 @@ class Config {
 };
 
 }  // namespace kolo
+#pragma GCC visibility pop

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 // Element type of a buffer handed to a collective. f16 and bf16 are stored as
@@ -38,3 +39,4 @@ uint16_t float_to_bf16(float value);
 float bf16_to_float(uint16_t bits);
 
 }  // namespace kolo
+#pragma GCC visibility pop

@@ -28,6 +28,7 @@
 #include "kolo/core/runtime.h"
 #include "kolo/core/store.h"
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo::elastic {
 
 // Thrown by State::commit() on every member at the same commit when kolorun
@@ -232,3 +233,4 @@ struct RunOptions {
 void run(State& state, const std::function<void()>& train, const RunOptions& options = {});
 
 }  // namespace kolo::elastic
+#pragma GCC visibility pop

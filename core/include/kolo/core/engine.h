@@ -24,7 +24,9 @@
 #include "kolo/core/communicator.h"
 #include "kolo/core/config.h"
 #include "kolo/core/dtype.h"
+#include "kolo/core/export.h"
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 // A contiguous, row-major CPU buffer seen by the engine.
@@ -43,7 +45,7 @@ struct TensorView {
 using AllocateOutput = std::function<TensorView(const std::vector<int64_t>& shape)>;
 
 namespace detail {
-struct HandleState;
+struct KOLO_HIDDEN HandleState;
 }
 
 // The caller's side of one request. Copyable; all copies share one state.
@@ -174,17 +176,18 @@ class Engine {
   // Counters for tests and benchmarks.
   struct Stats {
     uint64_t cycles = 0;
-    uint64_t responses = 0;         // requests completed
-    uint64_t collectives = 0;       // communicator calls made for them (fusion lowers this)
-    uint64_t cache_hits = 0;        // requests agreed through the bit vector
-    uint64_t full_negotiations = 0; // cycles that exchanged request lists
+    uint64_t responses = 0;          // requests completed
+    uint64_t collectives = 0;        // communicator calls made for them (fusion lowers this)
+    uint64_t cache_hits = 0;         // requests agreed through the bit vector
+    uint64_t full_negotiations = 0;  // cycles that exchanged request lists
     uint64_t cache_evictions = 0;
   };
   Stats stats() const;
 
  private:
-  struct Impl;
+  struct KOLO_HIDDEN Impl;
   std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace kolo
+#pragma GCC visibility pop

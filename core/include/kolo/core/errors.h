@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 class Error : public std::runtime_error {
@@ -44,3 +45,4 @@ class TimeoutError : public RuntimeFault {
 };
 
 }  // namespace kolo
+#pragma GCC visibility pop

@@ -21,6 +21,7 @@
 #include "kolo/core/store.h"
 #include "kolo/core/topology.h"
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 struct InitOptions {
@@ -108,3 +109,4 @@ int cross_rank();
 int cross_size();
 
 }  // namespace kolo
+#pragma GCC visibility pop

@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "kolo/core/export.h"
+
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 using Bytes = std::vector<uint8_t>;
@@ -94,7 +97,7 @@ class TcpStoreServer {
   int port() const;
 
  private:
-  struct Impl;
+  struct KOLO_HIDDEN Impl;
   std::unique_ptr<Impl> impl_;
 };
 
@@ -104,3 +107,4 @@ class TcpStoreServer {
 void store_limits_from(const Config& config, TcpStoreServer::Options& options);
 
 }  // namespace kolo
+#pragma GCC visibility pop

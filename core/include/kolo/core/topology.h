@@ -7,6 +7,7 @@
 
 #include "kolo/core/config.h"
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 struct Topology {
@@ -50,3 +51,4 @@ std::string reachable_address(const std::string& this_host,
                               const std::vector<std::string>& peer_hosts);
 
 }  // namespace kolo
+#pragma GCC visibility pop

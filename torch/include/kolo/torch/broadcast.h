@@ -26,6 +26,7 @@ namespace torch::optim {
 class Optimizer;
 }
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 // Overwrites every parameter and buffer of `module` (recursively) with
@@ -55,3 +56,4 @@ void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, int root,
                                const CallOptions& options = {});
 
 }  // namespace kolo
+#pragma GCC visibility pop

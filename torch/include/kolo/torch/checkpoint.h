@@ -28,6 +28,7 @@ namespace torch::optim {
 class Optimizer;
 }
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 // The training position saved with the model and optimizer.
@@ -95,3 +96,4 @@ std::string default_generator_state();
 void set_default_generator_state(const std::string& state);
 
 }  // namespace kolo
+#pragma GCC visibility pop

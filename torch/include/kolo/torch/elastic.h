@@ -39,6 +39,7 @@ namespace torch::optim {
 class Optimizer;
 }
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo::elastic {
 
 class TorchState : public State {
@@ -85,3 +86,4 @@ class TorchState : public State {
 };
 
 }  // namespace kolo::elastic
+#pragma GCC visibility pop

@@ -41,6 +41,7 @@ class InputArchive;
 class OutputArchive;
 }  // namespace torch::serialize
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 struct LAMBOptions : public torch::optim::OptimizerCloneableOptions<LAMBOptions> {
@@ -92,3 +93,4 @@ class LAMB : public LayerwiseOptimizer {
 };
 
 }  // namespace kolo
+#pragma GCC visibility pop

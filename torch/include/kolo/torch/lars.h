@@ -36,6 +36,7 @@ class InputArchive;
 class OutputArchive;
 }  // namespace torch::serialize
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 struct LARSOptions : public torch::optim::OptimizerCloneableOptions<LARSOptions> {
@@ -84,3 +85,4 @@ class LARS : public LayerwiseOptimizer {
 };
 
 }  // namespace kolo
+#pragma GCC visibility pop

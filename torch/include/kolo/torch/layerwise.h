@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 // A run of consecutive elements of one layer inside one parameter of the
@@ -174,3 +175,4 @@ std::vector<torch::optim::OptimizerParamGroup> layerwise_param_groups(
 }
 
 }  // namespace kolo
+#pragma GCC visibility pop

@@ -15,6 +15,7 @@ namespace torch::optim {
 class Optimizer;
 }
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 // base_lr * world_size (linear scaling rule). ContractError for world_size < 1.
@@ -70,3 +71,4 @@ void apply_lr(torch::optim::Optimizer& optimizer, double lr);
 double current_lr(const torch::optim::Optimizer& optimizer, size_t group = 0);
 
 }  // namespace kolo
+#pragma GCC visibility pop

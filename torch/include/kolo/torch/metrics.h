@@ -5,6 +5,7 @@
 
 #include "kolo/torch/tensor.h"
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 // The mean of `value` over the ranks of options.process_set (every rank calls
@@ -13,3 +14,4 @@ namespace kolo {
 double metric_average(double value, const std::string& name, const CallOptions& options = {});
 
 }  // namespace kolo
+#pragma GCC visibility pop

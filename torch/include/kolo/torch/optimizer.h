@@ -99,6 +99,7 @@
 #include <vector>
 
 #include "kolo/core/dtype.h"
+#include "kolo/core/export.h"
 #include "kolo/torch/parallel_optimizer.h"
 #include "kolo/torch/tensor.h"
 
@@ -109,6 +110,7 @@ namespace torch::optim {
 class Optimizer;
 }
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 namespace detail {
@@ -218,7 +220,7 @@ class DistributedOptimizer : public ParallelOptimizer {
   void save(const std::string& dir, const CheckpointState& state) override;
   CheckpointState load(const std::string& dir) override;
 
-  struct Impl;
+  struct KOLO_HIDDEN Impl;
   // The collective check and the pipeline, after a constructor collected the
   // parameters, their groups in the wrapped optimizer, and an error to
   // report on every rank ("" if none).
@@ -229,3 +231,4 @@ class DistributedOptimizer : public ParallelOptimizer {
 };
 
 }  // namespace kolo
+#pragma GCC visibility pop

@@ -16,6 +16,7 @@ namespace torch::optim {
 class Optimizer;
 }
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 // The factory's options: DistributedOptimizer's (optimizer.h) plus the
@@ -36,3 +37,4 @@ std::unique_ptr<ParallelOptimizer> make_parallel_optimizer(torch::optim::Optimiz
                                                            const ParallelOptimizerOptions& options);
 
 }  // namespace kolo
+#pragma GCC visibility pop

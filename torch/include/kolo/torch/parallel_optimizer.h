@@ -34,6 +34,7 @@ namespace torch::optim {
 class Optimizer;
 }
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 // What every data-parallel optimizer takes (DistributedOptimizerOptions,
@@ -106,3 +107,4 @@ void save_checkpoint(const std::string& dir, ParallelOptimizer& optimizer,
 CheckpointState load_checkpoint(const std::string& dir, ParallelOptimizer& optimizer);
 
 }  // namespace kolo
+#pragma GCC visibility pop

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <vector>
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 struct DistributedSamplerOptions {
@@ -115,3 +116,4 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
 };
 
 }  // namespace kolo
+#pragma GCC visibility pop

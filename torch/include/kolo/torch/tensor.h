@@ -25,6 +25,7 @@
 #include "kolo/core/dtype.h"
 #include "kolo/core/engine.h"
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 // Where a call runs and how long its synchronous form waits.
@@ -168,3 +169,4 @@ c10::IValue broadcast_object(const c10::IValue& value, const std::string& name,
                              const TensorOpOptions& options = {});
 
 }  // namespace kolo
+#pragma GCC visibility pop

@@ -79,6 +79,7 @@
 #include <string>
 #include <vector>
 
+#include "kolo/core/export.h"
 #include "kolo/torch/checkpoint.h"
 #include "kolo/torch/parallel_optimizer.h"
 #include "kolo/torch/tensor.h"
@@ -87,10 +88,11 @@ namespace torch::optim {
 class Optimizer;
 }
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 namespace detail {
-struct ZeroState;
+struct KOLO_HIDDEN ZeroState;
 }
 
 struct ZeroOptions : GradientOptions {
@@ -160,8 +162,8 @@ class ShardedUnitImpl : public torch::nn::Module {
   torch::nn::Module& module() const { return *inner_.ptr(); }
 
   // Internal: set by the stage-3 ZeroOptimizer.
-  void attach(std::weak_ptr<detail::ZeroState> state, int unit);
-  void detach();
+  KOLO_HIDDEN void attach(std::weak_ptr<detail::ZeroState> state, int unit);
+  KOLO_HIDDEN void detach();
 
  private:
   void adopt_children();
@@ -271,3 +273,4 @@ void consolidate_zero_checkpoint(const std::string& dir, const std::string& out_
 CheckpointState load_zero_model(const std::string& dir, torch::nn::Module& model);
 
 }  // namespace kolo
+#pragma GCC visibility pop
