@@ -22,6 +22,7 @@ function(kolo_library_objects objects)
     POSITION_INDEPENDENT_CODE ON
     CXX_VISIBILITY_PRESET hidden
     VISIBILITY_INLINES_HIDDEN ON)
+  target_compile_definitions(${objects} PRIVATE KOLO_BUILDING_LIBRARY=1)
 endfunction()
 
 # kolo_shared_library(<target> <export name> <objects> <headers>): makes

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kolo/core/dtype.h"
+#include "kolo/core/export.h"
 
 #pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
@@ -65,7 +66,7 @@ struct P2POptions {
 constexpr int kMaxP2PTag = (1 << 24) - 1;
 
 namespace detail {
-class P2POp;
+class KOLO_HIDDEN P2POp;
 }
 
 // A pending isend or irecv. Copyable; copies share the transfer.

@@ -6,6 +6,15 @@
 // kolo's own code defines and uses (a pimpl, state shared with hooks). Its
 // members and typeinfo then stay out of the exported symbols, like everything
 // else of core/src and torch/src.
+//
+// Only kolo's own objects (compiled with KOLO_BUILDING_LIBRARY) need it; for
+// everyone else it is empty, so that code compiled with default visibility
+// (a program, the unit tests of internal classes) does not see a hidden type
+// inside its own.
 #pragma once
 
+#if defined(KOLO_BUILDING_LIBRARY)
 #define KOLO_HIDDEN __attribute__((visibility("hidden")))
+#else
+#define KOLO_HIDDEN
+#endif

@@ -26,7 +26,9 @@
 #include <memory>
 
 #include "kolo/core/communicator.h"
+#include "kolo/core/export.h"
 
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
 constexpr int kMaxP2PDims = 13;
@@ -50,7 +52,7 @@ class TensorP2PHandle {
   // (same number of elements) throws ContractError here, on the receiver only.
   torch::Tensor wait();
 
-  struct State;
+  struct KOLO_HIDDEN State;
   explicit TensorP2PHandle(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
  private:
@@ -73,3 +75,4 @@ TensorP2PHandle isend(const torch::Tensor& tensor, int dst, const P2PTensorOptio
 TensorP2PHandle irecv_(const torch::Tensor& tensor, int src, const P2PTensorOptions& options = {});
 
 }  // namespace kolo
+#pragma GCC visibility pop
