@@ -2,6 +2,7 @@
 #include "kolo/core/communicator.h"
 
 #include "comm/backends.h"
+#include "comm/hierarchical_communicator.h"
 #include "kolo/core/errors.h"
 
 namespace kolo {
@@ -33,6 +34,9 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend,
   if (options.timeout.count() <= 0) {
     throw ContractError("kolo make_communicator: timeout must be > 0 ms, got " +
                         std::to_string(options.timeout.count()));
+  }
+  if ((backend == "gloo" || backend == "mpi") && detail::wants_hierarchy(options)) {
+    return detail::build_hierarchical_communicator(backend, options);
   }
   if (backend == "shm") return detail::make_shm_communicator(options);
 #if KOLO_HAVE_GLOO

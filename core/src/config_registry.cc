@@ -64,6 +64,12 @@ const std::vector<ConfigVar>& config_registry() {
        "longer lowers latency but steals the core of an oversubscribed peer."},
       {"KOLO_SHM_CHUNK_BYTES", ConfigType::kInt, "262144", "",
        "shm: bytes per pipeline chunk of large collectives (sized to stay in cache)."},
+      {"KOLO_HIERARCHICAL", ConfigType::kChoice, "auto", "auto|on|off",
+       "Hierarchical collectives: shm within each host composed with gloo or mpi across hosts "
+       "(reduce-scatter in the host, one cross-host ring per local rank, allgather in the host). "
+       "auto: when ranks span more than one host, some host has more than one rank and every "
+       "host has the same number; on: whenever ranks span hosts (uneven hosts are an error); "
+       "off: flat."},
       {"KOLO_GLOO_IFACE", ConfigType::kString, "", "",
        "gloo: network interface to bind (e.g. eth0). Default: the address of this host's name, "
        "or loopback when all ranks are local."},

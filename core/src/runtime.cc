@@ -20,6 +20,7 @@
 #include <mutex>
 
 #include "comm/backends.h"
+#include "comm/hierarchical_communicator.h"
 #include "kolo/core/errors.h"
 #include "log.h"
 
@@ -50,6 +51,17 @@ std::string this_host_name(const Config& config) {
   char name[kHostNameBytes] = {};
   if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
   return name;
+}
+
+// Host index of every rank (hosts numbered by their lowest rank), from each
+// rank's host key.
+std::vector<int> host_indices(const std::vector<std::string>& hosts) {
+  std::map<std::string, int> index;
+  std::vector<int> out;
+  for (const auto& host : hosts) {
+    out.push_back(index.emplace(host, static_cast<int>(index.size())).first->second);
+  }
+  return out;
 }
 
 // Fills local_* / cross_* of `t` from every rank's host name; hosts are
@@ -125,15 +137,22 @@ Runtime::Runtime(const InitOptions& options) {
     }
   }
 
-  // Placement through the store when the launcher did not give it.
-  if (!topology_.placement_known && store_) {
-    store_->set("host/" + std::to_string(topology_.rank), to_bytes(this_host_name(config_)));
+  // Every rank's host through the store: the launcher's host index when it
+  // gave the placement, else the host name (which places this rank). The
+  // hierarchical composition needs every rank's host, not only this one's.
+  std::vector<int> rank_hosts;
+  if (store_ && topology_.size > 1) {
+    store_->set("host/" + std::to_string(topology_.rank),
+                to_bytes(topology_.placement_known
+                             ? "cross:" + std::to_string(topology_.cross_rank)
+                             : this_host_name(config_)));
     std::vector<std::string> keys;
     for (int r = 0; r < topology_.size; ++r) keys.push_back("host/" + std::to_string(r));
     store_->wait(keys, timeout);
     std::vector<std::string> hosts;
     for (const auto& key : keys) hosts.push_back(to_string(store_->get(key, timeout)));
-    place_by_host(hosts, topology_);
+    if (!topology_.placement_known) place_by_host(hosts, topology_);
+    rank_hosts = host_indices(hosts);
   }
 
   // Backend: explicit choice, else mpi under an MPI launcher, else shm on one
@@ -190,6 +209,12 @@ Runtime::Runtime(const InitOptions& options) {
   comm.timeout = timeout;
   comm.check_args = config_.get_bool("KOLO_CHECK_ARGS");
   comm.rendezvous_check = options.rendezvous_check;
+  comm.shm_spin_us = static_cast<int>(config_.get_int("KOLO_SHM_SPIN_US"));
+  comm.shm_chunk_bytes = config_.get_int("KOLO_SHM_CHUNK_BYTES");
+  comm.gloo_iface = config_.get_string("KOLO_GLOO_IFACE");
+  comm.host_name = this_host_name(config_);
+  comm.hierarchical = config_.get_string("KOLO_HIERARCHICAL");
+  comm.rank_hosts = rank_hosts;
   world_ = make_communicator(backend, comm);
   backend_ = backend;
   world_options_ = comm;
@@ -212,6 +237,13 @@ Runtime::Runtime(const InitOptions& options) {
       hosts.push_back(std::string(all.c_str() + r * kHostNameBytes));
     }
     place_by_host(hosts, topology_);
+    // Now that every rank's host is known, the world may be hierarchical.
+    comm.rank_hosts = host_indices(hosts);
+    if (detail::wants_hierarchy(comm)) {
+      world_.reset();
+      world_ = make_communicator(backend, comm);
+    }
+    world_options_ = comm;
   }
   logger.info("initialised rank " + std::to_string(topology_.rank) + " of " +
               std::to_string(topology_.size) + " (local " + std::to_string(topology_.local_rank) +
@@ -307,6 +339,10 @@ Engine& Runtime::engine() {
     o.size = static_cast<int>(ranks.size());
     o.prefix = base.prefix + "/set" + std::to_string(set_id);
     o.world_ranks = ranks;  // mpi builds the set from MPI_COMM_WORLD's group
+    o.rank_hosts.clear();
+    if (!base.rank_hosts.empty()) {
+      for (int r : ranks) o.rank_hosts.push_back(base.rank_hosts[r]);
+    }
     return make_communicator(backend, o);
   };
   engine_ = std::make_unique<Engine>(std::move(comm), std::move(factory), options);

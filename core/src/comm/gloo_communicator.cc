@@ -438,12 +438,6 @@ std::string system_host_name() {
   return name;
 }
 
-// The name ranks compare to find out whether they share a host.
-std::string this_host_name(const Config& config) {
-  if (config.is_set("KOLO_HOSTNAME")) return config.get_string("KOLO_HOSTNAME");
-  return system_host_name();
-}
-
 std::string join_ranks(const std::vector<int>& ranks) {
   std::string text;
   for (int rank : ranks) text += (text.empty() ? "" : ", ") + std::to_string(rank);
@@ -691,7 +685,9 @@ class GlooCommunicator : public Communicator {
         store_(options.store),
         prefix_(options.prefix + "/gloo/"),
         default_timeout_(options.timeout),
-        check_args_(options.check_args) {
+        check_args_(options.check_args),
+        iface_(options.gloo_iface),
+        host_name_(options.host_name) {
     if (size_ > 1) {
       SigpipeGuard guard;
       connect();
@@ -713,6 +709,21 @@ class GlooCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* backend() const override { return "gloo"; }
+
+  void abort(const std::string& reason) override {
+    if (size_ == 1 || !fault_.empty() || !context_) return;
+    // A report with no blamed rank makes peers blame this one (read_report).
+    FaultReport report;
+    report.text = "rank " + std::to_string(rank_) + " aborted: " + reason;
+    publish_report(report);
+    try {
+      SigpipeGuard guard;
+      context_->closeConnections();
+    } catch (const std::exception&) {
+      // Pairs already closed.
+    }
+    fault_ = report.text;
+  }
 
   void allreduce(const void* in, void* out, size_t count, DType dtype,
                  const AllreduceOptions& options) override {
@@ -878,9 +889,8 @@ class GlooCommunicator : public Communicator {
           "store (kolorun serves one; tests use make_memory_store or "
           "make_file_store)");
     }
-    const Config config = Config::load(process_env());
-    const std::string iface = config.get_string("KOLO_GLOO_IFACE");
-    const std::string host = this_host_name(config);
+    const std::string& iface = iface_;
+    const std::string host = host_name_.empty() ? system_host_name() : host_name_;
 
     // Every rank publishes its host name: all on one host -> loopback. This
     // also waits until every rank has arrived, with a message naming the late.
@@ -1442,6 +1452,8 @@ class GlooCommunicator : public Communicator {
   Scratch work_;           // staged reductions, reducescatter input copy
   Scratch inbox_;          // reduce-scatter receive window
   Scratch exchange_copy_;  // in-place alltoall
+  std::string iface_;      // KOLO_GLOO_IFACE ("" = choose)
+  std::string host_name_;  // KOLO_HOSTNAME ("" = gethostname())
   std::string fault_;      // set once a fault broke the communicator
   std::vector<int> fault_ranks_;
 };

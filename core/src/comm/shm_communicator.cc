@@ -190,12 +190,13 @@ struct Tuning {
   size_t slot_bytes;
 };
 
-// Options fields < 0 take the KOLO_SHM_* settings from the environment.
+// Options fields < 0 take the registry's defaults of the KOLO_SHM_* settings
+// (the Runtime passes the values it read at init).
 Tuning resolve_tuning(const CommunicatorOptions& options) {
   int64_t spin_us = options.shm_spin_us;
   int64_t chunk_bytes = options.shm_chunk_bytes;
   if (spin_us < 0 || chunk_bytes < 0) {
-    const Config config = Config::load(process_env());
+    const Config config = Config::load([](const std::string&) { return std::nullopt; });
     if (spin_us < 0) spin_us = config.get_int("KOLO_SHM_SPIN_US");
     if (chunk_bytes < 0) chunk_bytes = config.get_int("KOLO_SHM_CHUNK_BYTES");
   }
@@ -238,6 +239,7 @@ class ShmCommunicator final : public Communicator {
   void allreduce(const void* in, void* out, size_t count, DType dtype,
                  const AllreduceOptions& options) override;
   bool native_segments() const override { return true; }
+  void abort(const std::string& reason) override;
   void allreduce_segments(const std::vector<AllreduceSegment>& segments, DType dtype,
                           const AllreduceOptions& options) override;
   void allgather(const void* in, void* out, size_t count, DType dtype,
@@ -651,6 +653,14 @@ void ShmCommunicator::fail(const std::string& message, const std::vector<int>& r
   broken_reason_ = message;
   if (timeout) throw TimeoutError(message, ranks);
   throw RuntimeFault(message, ranks);
+}
+
+void ShmCommunicator::abort(const std::string& reason) {
+  try {
+    fail("rank " + std::to_string(rank_) + " aborted: " + reason, {rank_}, false);
+  } catch (const RuntimeFault&) {
+    // fail() marks the segment aborted and throws for callers in a call.
+  }
 }
 
 void ShmCommunicator::throw_if_aborted(const char* what) {

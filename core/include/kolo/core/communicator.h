@@ -154,6 +154,16 @@ class Communicator {
 
   virtual void barrier(const CollectiveOptions& options) = 0;
 
+  // Gives up on this communicator from outside a call (a composite whose
+  // other part failed, a caller that stops waiting): it becomes unusable,
+  // and peers blocked in a call with it, or entering one, fail at once with
+  // a RuntimeFault whose failed_ranks() name this rank (the shm backend marks
+  // the shared segment aborted with `reason`; gloo publishes its fault report
+  // and closes its connections). Backends that cannot tell their peers (mpi,
+  // threads) only do nothing: their peers fail at their own timeout. Not
+  // concurrent with a call on this communicator.
+  virtual void abort(const std::string& reason) { (void)reason; }
+
   // Tensor fusion without a fusion buffer. allreduce_segments is one
   // allreduce of the concatenation of `segments` (in list order): the same
   // collective as allreduce() with count = the sum of the segments' counts,
@@ -214,11 +224,28 @@ struct CommunicatorOptions {
   // MPI_COMM_WORLD's group); shm and gloo find their members through the store
   // and ignore it.
   std::vector<int> world_ranks;
+  // Settings below are read once, at init, from the Config (the Runtime fills
+  // them); communicators never read the environment themselves.
   // shm only. Microseconds a waiting rank spins before it blocks on a futex, and
-  // bytes per pipeline chunk (the same on every rank). < 0 = read KOLO_SHM_SPIN_US /
-  // KOLO_SHM_CHUNK_BYTES from the environment when the communicator is built.
+  // bytes per pipeline chunk (the same on every rank). < 0 = the registry's
+  // defaults of KOLO_SHM_SPIN_US / KOLO_SHM_CHUNK_BYTES.
   int shm_spin_us = -1;
   int64_t shm_chunk_bytes = -1;
+  // gloo only. Interface to bind (KOLO_GLOO_IFACE); "" = choose (architecture.md).
+  std::string gloo_iface;
+  // The name ranks compare to find which share a host (KOLO_HOSTNAME); "" =
+  // gethostname().
+  std::string host_name;
+  // Hierarchical composition (KOLO_HIERARCHICAL: "auto", "on" or "off") and
+  // the host of every member: rank_hosts[k] = index of member k's host
+  // (size() entries; empty = unknown, which means flat). With "auto", a
+  // communicator whose members span more than one host with more than one on
+  // some host, the same number on every host, is built as shm (within each
+  // host) composed with this backend (across hosts): see
+  // core/src/comm/hierarchical_communicator.h. "on" also composes with one
+  // member per host, and refuses uneven hosts; "off" is always flat.
+  std::string hierarchical = "off";
+  std::vector<int> rank_hosts;
   // Called about every 100 ms while this rank waits for its peers to arrive
   // at the communicator's rendezvous outside the store (shm's shared
   // segment); it may throw (RuntimeFault) to abandon a rendezvous that cannot

@@ -1,0 +1,487 @@
+// The hierarchical communicator (hierarchical_communicator.h).
+#include "comm/hierarchical_communicator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "comm/call_scratch.h"
+#include "comm/signature.h"
+#include "comm/staged_reduction.h"
+#include "kolo/core/errors.h"
+
+namespace kolo::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// How long a rank that blames a peer waits for that peer's own report (a
+// peer that is alive and gave up first writes one before aborting).
+constexpr milliseconds kReportWait{500};
+
+std::string join(const std::vector<int>& ranks) {
+  std::string text;
+  for (int r : ranks) text += (text.empty() ? "" : ", ") + std::to_string(r);
+  return text;
+}
+
+// A fault in one part, already in the communicator's numbering.
+struct PartFault {
+  bool timed_out;
+  std::vector<int> ranks;
+  std::string text;
+};
+
+// "T|F <ranks...>\n<text>", as gloo's reports.
+std::string encode(const PartFault& f) {
+  std::string line = f.timed_out ? "T" : "F";
+  for (int r : f.ranks) line += " " + std::to_string(r);
+  return line + "\n" + f.text;
+}
+
+std::optional<PartFault> decode(const std::string& value) {
+  const size_t newline = value.find('\n');
+  std::istringstream head(value.substr(0, newline));
+  std::string kind;
+  if (!(head >> kind) || (kind != "T" && kind != "F")) return std::nullopt;
+  PartFault f{kind == "T", {}, newline == std::string::npos ? "" : value.substr(newline + 1)};
+  for (int r; head >> r;) f.ranks.push_back(r);
+  return f;
+}
+
+class HierarchicalCommunicator : public Communicator {
+ public:
+  explicit HierarchicalCommunicator(HierarchicalParts parts)
+      : p_(std::move(parts)),
+        size_(static_cast<int>(p_.layout.host_of.size())),
+        hosts_(static_cast<int>(p_.layout.members_of_host.size())),
+        local_size_(static_cast<int>(p_.layout.members_of_host.front().size())),
+        host_(p_.layout.host_of[p_.rank]),
+        local_(p_.layout.local_index[p_.rank]) {
+    // Members of each part, in the part's rank order, by communicator rank.
+    local_members_ = p_.layout.members_of_host[host_];
+    for (int h = 0; h < hosts_; ++h) cross_members_.push_back(p_.layout.members_of_host[h][local_]);
+  }
+
+  ~HierarchicalCommunicator() override = default;
+
+  int rank() const override { return p_.rank; }
+  int size() const override { return size_; }
+  const char* backend() const override { return p_.flat->backend(); }
+
+  void allreduce(const void* in, void* out, size_t count, DType dtype,
+                 const AllreduceOptions& options) override {
+    check_local_args(CollectiveKind::kAllreduce, size_, in, out, count, &options, 0);
+    run(reduce_signature(CollectiveKind::kAllreduce, count, dtype, options), options.timeout,
+        [&](const Deadline& deadline) {
+          if (count == 0) return;
+          const ReductionPlan plan = plan_reduction(dtype, options);
+          const size_t wire_bytes = dtype_size(plan.wire);
+          const size_t out_bytes = dtype_size(dtype);
+          const size_t slice = (count + local_size_ - 1) / local_size_;
+          uint8_t* work = work_.get(slice * local_size_ * wire_bytes);
+          stage_in(plan, options, in, work, count);
+          std::memset(work + count * wire_bytes, 0, (slice * local_size_ - count) * wire_bytes);
+          uint8_t* mine = slice_.get(slice * wire_bytes);
+          AllreduceOptions wire_op;
+          wire_op.op = plan.wire_op;
+          in_part(kLocal, deadline, [&](milliseconds left) {
+            wire_op.timeout = left;
+            p_.local->reducescatter(work, mine, slice, plan.wire, wire_op);
+          });
+          in_part(kCross, deadline, [&](milliseconds left) {
+            wire_op.timeout = left;
+            p_.cross->allreduce(mine, mine, slice, plan.wire, wire_op);
+          });
+          // Finish and convert this member's slice into its place in `out`
+          // (the input is already staged, so `out` may alias it), then
+          // gather the slices in the host.
+          std::vector<size_t> counts(local_size_);
+          for (int l = 0; l < local_size_; ++l) {
+            const size_t begin = std::min(count, l * slice);
+            counts[l] = std::min(count, begin + slice) - begin;
+          }
+          uint8_t* result = static_cast<uint8_t*>(out);
+          const size_t offset = std::min(count, local_ * slice);
+          stage_out(plan, options, mine, result + offset * out_bytes, counts[local_], size_);
+          in_part(kLocal, deadline, [&](milliseconds left) {
+            CollectiveOptions o;
+            o.timeout = left;
+            p_.local->allgatherv(result + offset * out_bytes, result, counts, dtype, o);
+          });
+        });
+  }
+
+  void reducescatter(const void* in, void* out, size_t count, DType dtype,
+                     const AllreduceOptions& options) override {
+    check_local_args(CollectiveKind::kReducescatter, size_, in, out, count, &options, 0);
+    run(reduce_signature(CollectiveKind::kReducescatter, count, dtype, options), options.timeout,
+        [&](const Deadline& deadline) {
+          if (count == 0) return;
+          const ReductionPlan plan = plan_reduction(dtype, options);
+          const size_t wire_bytes = dtype_size(plan.wire);
+          const size_t in_bytes = dtype_size(dtype);
+          // Block of member k goes to [local index][host] order, so that the
+          // host's reduce-scatter hands local member l the blocks of ring l.
+          uint8_t* work = work_.get(static_cast<size_t>(size_) * count * wire_bytes);
+          const uint8_t* input = static_cast<const uint8_t*>(in);
+          for (int k = 0; k < size_; ++k) {
+            const size_t at = static_cast<size_t>(p_.layout.local_index[k]) * hosts_ +
+                              static_cast<size_t>(p_.layout.host_of[k]);
+            stage_in(plan, options, input + k * count * in_bytes, work + at * count * wire_bytes,
+                     count);
+          }
+          uint8_t* chunk = slice_.get(static_cast<size_t>(hosts_) * count * wire_bytes);
+          AllreduceOptions wire_op;
+          wire_op.op = plan.wire_op;
+          in_part(kLocal, deadline, [&](milliseconds left) {
+            wire_op.timeout = left;
+            p_.local->reducescatter(work, chunk, hosts_ * count, plan.wire, wire_op);
+          });
+          in_part(kCross, deadline, [&](milliseconds left) {
+            wire_op.timeout = left;
+            p_.cross->reducescatter(chunk, chunk, count, plan.wire, wire_op);
+          });
+          stage_out(plan, options, chunk, out, count, size_);
+        });
+  }
+
+  void allgather(const void* in, void* out, size_t count, DType dtype,
+                 const CollectiveOptions& options) override {
+    check_local_args(CollectiveKind::kAllgather, size_, in, out, count, nullptr, 0);
+    run(plain_signature(CollectiveKind::kAllgather, count, dtype), options.timeout,
+        [&](const Deadline& deadline) {
+          if (count == 0) return;
+          const size_t bytes = count * dtype_size(dtype);
+          uint8_t* by_host = slice_.get(static_cast<size_t>(hosts_) * bytes);
+          uint8_t* by_local = work_.get(static_cast<size_t>(size_) * bytes);
+          in_part(kCross, deadline, [&](milliseconds left) {
+            CollectiveOptions o;
+            o.timeout = left;
+            p_.cross->allgather(in, by_host, count, dtype, o);
+          });
+          in_part(kLocal, deadline, [&](milliseconds left) {
+            CollectiveOptions o;
+            o.timeout = left;
+            p_.local->allgather(by_host, by_local, hosts_ * count, dtype, o);
+          });
+          uint8_t* result = static_cast<uint8_t*>(out);
+          for (int h = 0; h < hosts_; ++h) {
+            for (int l = 0; l < local_size_; ++l) {
+              const int member = p_.layout.members_of_host[h][l];
+              std::memcpy(result + member * bytes, by_local + (l * hosts_ + h) * bytes, bytes);
+            }
+          }
+        });
+  }
+
+  void broadcast(void* buffer, size_t count, DType dtype,
+                 const BroadcastOptions& options) override {
+    check_local_args(CollectiveKind::kBroadcast, size_, buffer, buffer, count, nullptr,
+                     options.root);
+    CallSignature sig = plain_signature(CollectiveKind::kBroadcast, count, dtype);
+    sig.root = options.root;
+    run(sig, options.timeout, [&](const Deadline& deadline) {
+      if (count == 0) return;
+      const int root_host = p_.layout.host_of[options.root];
+      const int root_local = p_.layout.local_index[options.root];
+      BroadcastOptions o;
+      if (local_ == root_local) {
+        in_part(kCross, deadline, [&](milliseconds left) {
+          o.root = root_host;
+          o.timeout = left;
+          p_.cross->broadcast(buffer, count, dtype, o);
+        });
+      }
+      in_part(kLocal, deadline, [&](milliseconds left) {
+        o.root = root_local;
+        o.timeout = left;
+        p_.local->broadcast(buffer, count, dtype, o);
+      });
+    });
+  }
+
+  void allgatherv(const void* in, void* out, const std::vector<size_t>& counts, DType dtype,
+                  const CollectiveOptions& options) override {
+    flat_call(options.timeout, [&](milliseconds left) {
+      CollectiveOptions o = options;
+      o.timeout = left;
+      p_.flat->allgatherv(in, out, counts, dtype, o);
+    });
+  }
+
+  void alltoall(const void* in, void* out, size_t count, DType dtype,
+                const CollectiveOptions& options) override {
+    flat_call(options.timeout, [&](milliseconds left) {
+      CollectiveOptions o = options;
+      o.timeout = left;
+      p_.flat->alltoall(in, out, count, dtype, o);
+    });
+  }
+
+  void alltoallv(const void* in, const std::vector<size_t>& send_counts, void* out,
+                 const std::vector<size_t>& recv_counts, DType dtype,
+                 const CollectiveOptions& options) override {
+    flat_call(options.timeout, [&](milliseconds left) {
+      CollectiveOptions o = options;
+      o.timeout = left;
+      p_.flat->alltoallv(in, send_counts, out, recv_counts, dtype, o);
+    });
+  }
+
+  void barrier(const CollectiveOptions& options) override {
+    flat_call(options.timeout, [&](milliseconds left) {
+      CollectiveOptions o = options;
+      o.timeout = left;
+      p_.flat->barrier(o);
+    });
+  }
+
+  void abort(const std::string& reason) override {
+    if (broken_.empty()) broken_ = "aborted: " + reason;
+    for (auto* part : {p_.local.get(), p_.cross.get(), p_.flat.get()}) part->abort(reason);
+  }
+
+ private:
+  enum Part { kLocal, kCross, kFlat };
+
+  // Runs one collective: the cross-rank argument check (one small allgather
+  // on the flat part, when check_args), then `body`; a fault in a part
+  // becomes this communicator's RuntimeFault (file comment).
+  template <typename Body>
+  void run(CallSignature sig, milliseconds timeout, Body&& body) {
+    throw_if_broken(collective_name(sig.kind));
+    sig.sequence = sequence_++;
+    const Deadline deadline(timeout.count() > 0 ? timeout : p_.timeout);
+    if (p_.check_args && size_ > 1) {
+      std::vector<CallSignature> all(size_);
+      in_part(kFlat, deadline, [&](milliseconds left) {
+        CollectiveOptions o;
+        o.timeout = left;
+        p_.flat->allgather(&sig, all.data(), sizeof(CallSignature), DType::kU8, o);
+      });
+      check_signatures(all);
+    }
+    body(deadline);
+  }
+
+  // A collective the flat part runs whole (it checks its own arguments).
+  template <typename Call>
+  void flat_call(milliseconds timeout, Call&& call) {
+    throw_if_broken("collective");
+    const Deadline deadline(timeout.count() > 0 ? timeout : p_.timeout);
+    in_part(kFlat, deadline, call);
+  }
+
+  // Calls `call(time left)` on one part, turning its faults into ours.
+  template <typename Call>
+  void in_part(Part part, const Deadline& deadline, Call&& call) {
+    try {
+      call(std::max(deadline.remaining(), milliseconds(1)));
+    } catch (const ContractError&) {
+      throw;  // the part stays usable: a mismatch is every rank's error
+    } catch (const RuntimeFault& fault) {
+      const std::vector<int>& members = part == kLocal   ? local_members_
+                                        : part == kCross ? cross_members_
+                                                         : all_members();
+      PartFault f{dynamic_cast<const TimeoutError*>(&fault) != nullptr, {}, fault.what()};
+      for (int r : fault.failed_ranks()) {
+        if (r >= 0 && r < static_cast<int>(members.size())) f.ranks.push_back(members[r]);
+      }
+      fail(f);
+    }
+  }
+
+  const std::vector<int>& all_members() {
+    if (all_members_.empty()) {
+      for (int r = 0; r < size_; ++r) all_members_.push_back(r);
+    }
+    return all_members_;
+  }
+
+  [[noreturn]] void fail(PartFault f) {
+    // Take the view of a blamed rank that gave up first (it is alive, and
+    // what it blamed is the cause), unless it blames this rank.
+    for (int blamed : std::vector<int>(f.ranks)) {
+      if (auto relayed = read_report(blamed)) {
+        f = *relayed;
+        f.text += " (reported by rank " + std::to_string(blamed) + ")";
+        break;
+      }
+    }
+    publish_report(f);
+    const std::string message = "kolo hierarchical (rank " + std::to_string(p_.rank) + " of " +
+                                std::to_string(size_) + ", host " + std::to_string(host_) + "): " +
+                                (f.ranks.empty() ? std::string("a peer failed")
+                                                 : "rank(s) " + join(f.ranks) + " failed") +
+                                ": " + f.text +
+                                "; the communicator is unusable, rebuild it from the surviving ranks";
+    broken_ = message;
+    broken_ranks_ = f.ranks;
+    for (auto* part : {p_.local.get(), p_.cross.get(), p_.flat.get()}) {
+      part->abort("rank " + std::to_string(p_.rank) + " of the hierarchical communicator gave up");
+    }
+    if (f.timed_out) throw TimeoutError(message, f.ranks);
+    throw RuntimeFault(message, f.ranks);
+  }
+
+  void throw_if_broken(const char* what) {
+    if (broken_.empty()) return;
+    throw RuntimeFault(std::string("kolo ") + what +
+                           ": the hierarchical communicator is unusable after an earlier fault (" +
+                           broken_ + "); destroy it and build a new one",
+                       broken_ranks_);
+  }
+
+  std::string report_key(int rank) const {
+    return p_.prefix + "/hier/fault/" + std::to_string(rank);
+  }
+
+  void publish_report(const PartFault& f) {
+    if (!p_.store) return;
+    try {
+      p_.store->set(report_key(p_.rank), to_bytes(encode(f)));
+    } catch (const std::exception&) {
+      // best effort: peers then blame this rank
+    }
+  }
+
+  std::optional<PartFault> read_report(int peer) {
+    if (!p_.store || peer == p_.rank) return std::nullopt;
+    const auto until = Clock::now() + kReportWait;
+    try {
+      while (true) {
+        if (p_.store->check({report_key(peer)})) {
+          auto f = decode(to_string(p_.store->get(report_key(peer), kReportWait)));
+          if (f && !f->ranks.empty() &&
+              std::find(f->ranks.begin(), f->ranks.end(), p_.rank) == f->ranks.end()) {
+            return f;
+          }
+          return std::nullopt;
+        }
+        if (Clock::now() >= until) return std::nullopt;
+        std::this_thread::sleep_for(milliseconds(5));
+      }
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+
+  HierarchicalParts p_;
+  int size_;
+  int hosts_;
+  int local_size_;
+  int host_;   // this member's host
+  int local_;  // this member's index within its host
+  std::vector<int> local_members_;
+  std::vector<int> cross_members_;
+  std::vector<int> all_members_;
+  uint64_t sequence_ = 0;
+  Scratch work_;
+  Scratch slice_;
+  std::string broken_;
+  std::vector<int> broken_ranks_;
+};
+
+}  // namespace
+
+HostLayout host_layout(const std::vector<int>& rank_hosts) {
+  HostLayout layout;
+  std::map<int, int> renumber;
+  for (size_t k = 0; k < rank_hosts.size(); ++k) {
+    auto [it, added] = renumber.emplace(rank_hosts[k], static_cast<int>(renumber.size()));
+    if (added) layout.members_of_host.emplace_back();
+    const int host = it->second;
+    layout.host_of.push_back(host);
+    layout.local_index.push_back(static_cast<int>(layout.members_of_host[host].size()));
+    layout.members_of_host[host].push_back(static_cast<int>(k));
+  }
+  layout.even = !layout.members_of_host.empty();
+  for (const auto& members : layout.members_of_host) {
+    layout.even = layout.even && members.size() == layout.members_of_host.front().size();
+  }
+  return layout;
+}
+
+bool wants_hierarchy(const CommunicatorOptions& options) {
+  if (options.hierarchical == "off" || options.rank_hosts.empty() || options.size < 2) {
+    return false;
+  }
+  if (options.hierarchical != "on" && options.hierarchical != "auto") {
+    throw ContractError("kolo make_communicator: hierarchical mode '" + options.hierarchical +
+                        "' is not one of auto, on, off (KOLO_HIERARCHICAL)");
+  }
+  if (static_cast<int>(options.rank_hosts.size()) != options.size) {
+    throw ContractError("kolo make_communicator: rank_hosts has " +
+                        std::to_string(options.rank_hosts.size()) + " entries for " +
+                        std::to_string(options.size) + " ranks");
+  }
+  const HostLayout layout = host_layout(options.rank_hosts);
+  const size_t hosts = layout.members_of_host.size();
+  if (hosts < 2) return false;
+  if (!layout.even) {
+    if (options.hierarchical == "auto") return false;
+    std::string counts;
+    for (size_t h = 0; h < hosts; ++h) {
+      counts += (counts.empty() ? "" : ", ") + std::to_string(layout.members_of_host[h].size());
+    }
+    throw ContractError(
+        "kolo make_communicator: KOLO_HIERARCHICAL=on needs the same number of ranks on every "
+        "host, but the " +
+        std::to_string(hosts) + " hosts have " + counts +
+        "; place ranks evenly (e.g. -H a:2,b:2) or set KOLO_HIERARCHICAL=auto or off");
+  }
+  return options.hierarchical == "on" || layout.members_of_host.front().size() > 1;
+}
+
+std::unique_ptr<Communicator> make_hierarchical_communicator(HierarchicalParts parts) {
+  return std::make_unique<HierarchicalCommunicator>(std::move(parts));
+}
+
+std::unique_ptr<Communicator> build_hierarchical_communicator(const std::string& backend,
+                                                              const CommunicatorOptions& options) {
+  HierarchicalParts parts;
+  parts.rank = options.rank;
+  parts.layout = host_layout(options.rank_hosts);
+  parts.store = options.store;
+  parts.prefix = options.prefix;
+  parts.timeout = options.timeout;
+  parts.check_args = options.check_args;
+  const int host = parts.layout.host_of[options.rank];
+  const int local = parts.layout.local_index[options.rank];
+  // World ranks of members, for mpi (which builds groups from them).
+  auto world_ranks_of = [&](const std::vector<int>& members) {
+    std::vector<int> ranks;
+    for (int m : members) ranks.push_back(options.world_ranks.empty() ? m : options.world_ranks[m]);
+    return ranks;
+  };
+  auto part_options = [&](const std::vector<int>& members, int index, const std::string& name) {
+    CommunicatorOptions o = options;
+    o.hierarchical = "off";
+    o.rank_hosts.clear();
+    o.check_args = false;  // checked once, on the flat part, by the composite
+    o.rank = index;
+    o.size = static_cast<int>(members.size());
+    o.prefix = options.prefix + "/hier/" + name;
+    o.world_ranks = world_ranks_of(members);
+    return o;
+  };
+  std::vector<int> cross_members;
+  for (const auto& members : parts.layout.members_of_host) cross_members.push_back(members[local]);
+  const std::string local_backend = backend == "mpi" ? "mpi" : "shm";
+  parts.local = make_communicator(local_backend,
+                                  part_options(parts.layout.members_of_host[host], local,
+                                               "host" + std::to_string(host)));
+  parts.cross =
+      make_communicator(backend, part_options(cross_members, host, "ring" + std::to_string(local)));
+  std::vector<int> everyone(options.size);
+  for (int r = 0; r < options.size; ++r) everyone[r] = r;
+  parts.flat = make_communicator(backend, part_options(everyone, options.rank, "flat"));
+  return make_hierarchical_communicator(std::move(parts));
+}
+
+}  // namespace kolo::detail
