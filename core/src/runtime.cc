@@ -143,9 +143,8 @@ Runtime::Runtime(const InitOptions& options) {
   std::vector<int> rank_hosts;
   if (store_ && topology_.size > 1) {
     store_->set("host/" + std::to_string(topology_.rank),
-                to_bytes(topology_.placement_known
-                             ? "cross:" + std::to_string(topology_.cross_rank)
-                             : this_host_name(config_)));
+                to_bytes(topology_.placement_known ? "cross:" + std::to_string(topology_.cross_rank)
+                                                   : this_host_name(config_)));
     std::vector<std::string> keys;
     for (int r = 0; r < topology_.size; ++r) keys.push_back("host/" + std::to_string(r));
     store_->wait(keys, timeout);

@@ -75,7 +75,8 @@ void expect_matrix_passes(const std::vector<int>& rank_hosts, const testing::Che
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int r = 0; r < n; ++r) comms.push_back(hierarchy.take(r));
   std::vector<std::vector<std::string>> failures(n);
-  run_ranks(n, [&](int rank) { failures[rank] = testing::check_collectives(*comms[rank], matrix); });
+  run_ranks(n,
+            [&](int rank) { failures[rank] = testing::check_collectives(*comms[rank], matrix); });
   for (int r = 0; r < n; ++r) {
     for (const auto& line : failures[r]) ADD_FAILURE() << "rank " << r << ": " << line;
   }

@@ -314,12 +314,11 @@ class HierarchicalCommunicator : public Communicator {
       }
     }
     publish_report(f);
-    const std::string message = "kolo hierarchical (rank " + std::to_string(p_.rank) + " of " +
-                                std::to_string(size_) + ", host " + std::to_string(host_) + "): " +
-                                (f.ranks.empty() ? std::string("a peer failed")
-                                                 : "rank(s) " + join(f.ranks) + " failed") +
-                                ": " + f.text +
-                                "; the communicator is unusable, rebuild it from the surviving ranks";
+    const std::string message =
+        "kolo hierarchical (rank " + std::to_string(p_.rank) + " of " + std::to_string(size_) +
+        ", host " + std::to_string(host_) + "): " +
+        (f.ranks.empty() ? std::string("a peer failed") : "rank(s) " + join(f.ranks) + " failed") +
+        ": " + f.text + "; the communicator is unusable, rebuild it from the surviving ranks";
     broken_ = message;
     broken_ranks_ = f.ranks;
     for (auto* part : {p_.local.get(), p_.cross.get(), p_.flat.get()}) {
@@ -473,9 +472,9 @@ std::unique_ptr<Communicator> build_hierarchical_communicator(const std::string&
   std::vector<int> cross_members;
   for (const auto& members : parts.layout.members_of_host) cross_members.push_back(members[local]);
   const std::string local_backend = backend == "mpi" ? "mpi" : "shm";
-  parts.local = make_communicator(local_backend,
-                                  part_options(parts.layout.members_of_host[host], local,
-                                               "host" + std::to_string(host)));
+  parts.local = make_communicator(
+      local_backend,
+      part_options(parts.layout.members_of_host[host], local, "host" + std::to_string(host)));
   parts.cross =
       make_communicator(backend, part_options(cross_members, host, "ring" + std::to_string(local)));
   std::vector<int> everyone(options.size);

@@ -155,7 +155,8 @@ class SegmentedVector {
     // The segment holding element lo: starts_[s] <= lo < starts_[s + 1]
     // (empty segments never satisfy it).
     size_t s = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), lo) -
-                                   starts_.begin()) - 1;
+                                   starts_.begin()) -
+               1;
     for (size_t at = 0; at < len; ++s) {
       const size_t pos = lo + at;
       const size_t take = std::min(len - at, starts_[s + 1] - pos);
@@ -318,8 +319,8 @@ class ShmCommunicator final : public Communicator {
                         const AllreduceOptions& options);
   void allreduce_gather(const Call& call, const CallSignature& signature, const SegmentedVector& v,
                         DType dtype, const AllreduceOptions& options);
-  void allreduce_scatter(const Call& call, const CallSignature& signature,
-                         const SegmentedVector& v, DType dtype, const AllreduceOptions& options);
+  void allreduce_scatter(const Call& call, const CallSignature& signature, const SegmentedVector& v,
+                         DType dtype, const AllreduceOptions& options);
   void gather_blocks(const Call& call, const CallSignature& signature, const char* in, char* out,
                      const std::vector<size_t>& block_bytes, bool in_place);
 
@@ -771,8 +772,8 @@ void ShmCommunicator::allreduce(const void* in, void* out, size_t count, DType d
   allreduce_vector(&whole, 1, dtype, options);
 }
 
-void ShmCommunicator::allreduce_segments(const std::vector<AllreduceSegment>& segments,
-                                         DType dtype, const AllreduceOptions& options) {
+void ShmCommunicator::allreduce_segments(const std::vector<AllreduceSegment>& segments, DType dtype,
+                                         const AllreduceOptions& options) {
   allreduce_vector(segments.data(), segments.size(), dtype, options);
 }
 
@@ -787,7 +788,8 @@ void ShmCommunicator::allreduce_vector(const AllreduceSegment* segments, size_t 
         check_local_args(CollectiveKind::kAllreduce, size_, segments[i].in, segments[i].out,
                          segments[i].count, &options, 0);
       }
-      if (n == 0) check_local_args(CollectiveKind::kAllreduce, size_, nullptr, nullptr, 0, &options, 0);
+      if (n == 0)
+        check_local_args(CollectiveKind::kAllreduce, size_, nullptr, nullptr, 0, &options, 0);
       dtype_size(dtype);
     });
     CallSignature signature = make_signature(CollectiveKind::kAllreduce, calls_, count, dtype);
