@@ -137,21 +137,21 @@ Runtime::Runtime(const InitOptions& options) {
     }
   }
 
-  // Every rank's host through the store: the launcher's host index when it
-  // gave the placement, else the host name (which places this rank). The
-  // hierarchical composition needs every rank's host, not only this one's.
+  // Placement through the store when the launcher did not give it; the
+  // host of every rank is kept for the hierarchical composition.
   std::vector<int> rank_hosts;
-  if (store_ && topology_.size > 1) {
-    store_->set("host/" + std::to_string(topology_.rank),
-                to_bytes(topology_.placement_known ? "cross:" + std::to_string(topology_.cross_rank)
-                                                   : this_host_name(config_)));
+  auto exchange_hosts = [&](const std::string& mine) {
+    store_->set("host/" + std::to_string(topology_.rank), to_bytes(mine));
     std::vector<std::string> keys;
     for (int r = 0; r < topology_.size; ++r) keys.push_back("host/" + std::to_string(r));
     store_->wait(keys, timeout);
     std::vector<std::string> hosts;
     for (const auto& key : keys) hosts.push_back(to_string(store_->get(key, timeout)));
-    if (!topology_.placement_known) place_by_host(hosts, topology_);
     rank_hosts = host_indices(hosts);
+    return hosts;
+  };
+  if (!topology_.placement_known && store_) {
+    place_by_host(exchange_hosts(this_host_name(config_)), topology_);
   }
 
   // Backend: explicit choice, else mpi under an MPI launcher, else shm on one
@@ -198,6 +198,13 @@ Runtime::Runtime(const InitOptions& options) {
                         std::to_string(topology_.size) + " ranks span " +
                         std::to_string(topology_.cross_size) +
                         " hosts; use KOLO_BACKEND=gloo or mpi (or auto)");
+  }
+
+  // The launcher placed the ranks: every rank's host index through the
+  // store, when a hierarchical world is possible.
+  if (rank_hosts.empty() && store_ && (backend == "gloo" || backend == "mpi") &&
+      topology_.cross_size > 1 && config_.get_string("KOLO_HIERARCHICAL") != "off") {
+    exchange_hosts("cross:" + std::to_string(topology_.cross_rank));
   }
 
   CommunicatorOptions comm;
@@ -248,8 +255,9 @@ Runtime::Runtime(const InitOptions& options) {
               std::to_string(topology_.size) + " (local " + std::to_string(topology_.local_rank) +
               "/" + std::to_string(topology_.local_size) + ", host " +
               std::to_string(topology_.cross_rank) + "/" + std::to_string(topology_.cross_size) +
-              ") from " + topology_.source + ", backend " + world_->backend() + ", job " +
-              topology_.job_id);
+              ") from " + topology_.source + ", backend " + world_->backend() +
+              (detail::wants_hierarchy(world_options_) ? " (hierarchical: shm in each host)" : "") +
+              ", job " + topology_.job_id);
 }
 
 Runtime::Runtime(std::unique_ptr<Communicator> world, Config config,
