@@ -6,10 +6,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <new>
 #include <stdexcept>
 #include <thread>
+
+#include "kolo/core/communicator.h"
+#include "kolo/core/errors.h"
 
 namespace kolo::testing {
 
@@ -80,6 +85,54 @@ std::vector<RankOutcome> run_forked_ranks(
   }
   munmap(memory, sizeof(SharedState));
   return outcomes;
+}
+
+std::function<void(const std::vector<pid_t>& pids, SharedState& state)> kill_once_running(
+    int victim, int size, bool* killed, int min_progress) {
+  *killed = false;
+  return [=](const std::vector<pid_t>& pids, SharedState& state) {
+    if (*killed) return;
+    for (int r = 0; r < size; ++r) {
+      if (state.progress[r] < min_progress) return;
+    }
+    kill(pids[victim], SIGKILL);
+    *killed = true;
+  };
+}
+
+std::string allreduce_until_fault(Communicator& comm, int victim, size_t count,
+                                  std::atomic<int>& progress, const std::string& expected_text) {
+  std::vector<float> data(count, 1.0f);
+  const std::string name = "rank " + std::to_string(victim);
+  try {
+    for (int i = 0; i < 1000000; ++i) {
+      comm.allreduce(data.data(), data.data(), data.size(), DType::kF32, {ReduceOp::kAverage});
+      progress++;
+    }
+  } catch (const RuntimeFault& fault) {
+    const std::string text = fault.what();
+    std::fprintf(stderr, "[rank %d] %s\n", comm.rank(), text.c_str());
+    const auto& failed = fault.failed_ranks();
+    if (std::find(failed.begin(), failed.end(), victim) == failed.end()) {
+      return "RuntimeFault does not name " + name + " in failed_ranks(): " + text;
+    }
+    if (text.find(std::to_string(victim)) == std::string::npos) {
+      return "message does not name " + name + ": " + text;
+    }
+    if (text.find(expected_text) == std::string::npos) {
+      return "message does not contain '" + expected_text + "': " + text;
+    }
+    if (dynamic_cast<const TimeoutError*>(&fault) != nullptr) {
+      return "a dead peer was reported as a timeout: " + text;
+    }
+    try {
+      comm.barrier({});
+      return "barrier after the fault succeeded";
+    } catch (const RuntimeFault&) {
+    }
+    return "";
+  }
+  return "allreduce loop ended without a fault";
 }
 
 }  // namespace kolo::testing

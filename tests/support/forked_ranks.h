@@ -12,6 +12,10 @@
 #include <string>
 #include <vector>
 
+namespace kolo {
+class Communicator;
+}
+
 namespace kolo::testing {
 
 constexpr int kMaxForkedRanks = 8;
@@ -38,5 +42,19 @@ std::vector<RankOutcome> run_forked_ranks(
     int size, const std::function<std::string(int rank, SharedState& state)>& body,
     const std::function<void(const std::vector<pid_t>& pids, SharedState& state)>& monitor,
     std::chrono::milliseconds watchdog);
+
+// The killed-peer scenario of the fault tests. A monitor that SIGKILLs rank
+// `victim` once every one of `size` ranks has made `min_progress` steps;
+// *killed says whether it did.
+std::function<void(const std::vector<pid_t>& pids, SharedState& state)> kill_once_running(
+    int victim, int size, bool* killed, int min_progress = 5);
+
+// The survivors' side: allreduces `count` f32 (average) on `comm` in a loop,
+// counting `progress`, until a fault. Returns "" when it is a RuntimeFault,
+// not a TimeoutError, whose failed_ranks() and message name `victim`, whose
+// message contains `expected_text`, and after which the next call on `comm`
+// fails at once; otherwise what was wrong. Prints the fault to stderr.
+std::string allreduce_until_fault(Communicator& comm, int victim, size_t count,
+                                  std::atomic<int>& progress, const std::string& expected_text);
 
 }  // namespace kolo::testing

@@ -23,6 +23,10 @@ using std::chrono::milliseconds;
 // peer that is alive and gave up first writes one before aborting).
 constexpr milliseconds kReportWait{500};
 
+// How every fault message of a communicator ends (gloo's too).
+constexpr const char* kAdvice =
+    "; the communicator is unusable, rebuild it from the surviving ranks";
+
 std::string join(const std::vector<int>& ranks) {
   std::string text;
   for (int r : ranks) text += (text.empty() ? "" : ", ") + std::to_string(r);
@@ -288,12 +292,34 @@ class HierarchicalCommunicator : public Communicator {
       const std::vector<int>& members = part == kLocal   ? local_members_
                                         : part == kCross ? cross_members_
                                                          : all_members();
-      PartFault f{dynamic_cast<const TimeoutError*>(&fault) != nullptr, {}, fault.what()};
+      PartFault f{dynamic_cast<const TimeoutError*>(&fault) != nullptr,
+                  {},
+                  part_label(part) + ": " + without_advice(fault.what())};
       for (int r : fault.failed_ranks()) {
         if (r >= 0 && r < static_cast<int>(members.size())) f.ranks.push_back(members[r]);
       }
       fail(f);
     }
+  }
+
+  // Which part a fault's text comes from: its ranks are that part's.
+  std::string part_label(Part part) const {
+    if (part == kLocal) {
+      return "in host " + std::to_string(host_) +
+             "'s part (ranks numbered within the host: " + join(local_members_) + ")";
+    }
+    if (part == kCross) {
+      return "in cross-host ring " + std::to_string(local_) +
+             " (ranks numbered by host: " + join(cross_members_) + ")";
+    }
+    return "in the flat part";
+  }
+
+  // A part's message without its closing advice (this communicator gives its own).
+  static std::string without_advice(std::string text) {
+    const size_t at = text.find(kAdvice);
+    if (at != std::string::npos) text.erase(at, std::strlen(kAdvice));
+    return text;
   }
 
   const std::vector<int>& all_members() {
@@ -318,7 +344,7 @@ class HierarchicalCommunicator : public Communicator {
         "kolo hierarchical (rank " + std::to_string(p_.rank) + " of " + std::to_string(size_) +
         ", host " + std::to_string(host_) + "): " +
         (f.ranks.empty() ? std::string("a peer failed") : "rank(s) " + join(f.ranks) + " failed") +
-        ": " + f.text + "; the communicator is unusable, rebuild it from the surviving ranks";
+        ": " + f.text + kAdvice;
     broken_ = message;
     broken_ranks_ = f.ranks;
     for (auto* part : {p_.local.get(), p_.cross.get(), p_.flat.get()}) {
