@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#pragma GCC visibility push(default)
+
 namespace kolo {
 
 class Engine;
@@ -67,3 +69,5 @@ class ParallelGrid {
 };
 
 }  // namespace kolo
+
+#pragma GCC visibility pop

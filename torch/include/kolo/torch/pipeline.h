@@ -69,6 +69,8 @@
 #include <string>
 #include <vector>
 
+#pragma GCC visibility push(default)
+
 namespace kolo {
 
 class Communicator;
@@ -173,3 +175,5 @@ class Pipeline {
 };
 
 }  // namespace kolo
+
+#pragma GCC visibility pop

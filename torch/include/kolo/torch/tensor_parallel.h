@@ -44,6 +44,8 @@
 
 #include "kolo/torch/tensor.h"
 
+#pragma GCC visibility push(default)
+
 namespace kolo {
 
 // Where a tensor-parallel layer runs.
@@ -154,3 +156,5 @@ class ParallelEmbeddingImpl : public torch::nn::Module {
 TORCH_MODULE(ParallelEmbedding);
 
 }  // namespace kolo
+
+#pragma GCC visibility pop
