@@ -22,6 +22,7 @@
 
 #include "kolo/core/checked_file.h"
 #include "kolo/core/communicator.h"
+#include "kolo/torch/mixed_precision.h"
 #include "temp_dir.h"
 #include "test_net.h"
 #include "torch_harness.h"
@@ -114,6 +115,37 @@ TEST_F(ElasticTorchState, RestoreReturnsModelAdamAndPositionToTheCommit) {
   big.state.commit();
   const std::string message = error_of([&] { other.state.load_commit(big.state.committed()); });
   EXPECT_NE(message.find("600 samples"), std::string::npos) << message;
+}
+
+// Issue 21: a LossScaler's scale is part of every commit (TorchState::keep),
+// so a restored world resumes with the scale it committed.
+TEST_F(ElasticTorchState, KeptExtrasSuchAsTheLossScaleAreCommittedAndRestored) {
+  Member m(0, 100, {}, nullptr);
+  LossScalerOptions options;
+  options.init_scale = 256;
+  LossScaler scaler(options);
+  m.state.keep([&] { return scaler.extras(); },
+               [&](const TorchState::Extras& extras) { scaler.restore(extras); });
+  m.state.commit();
+  scaler.restore({{"kolo.loss_scale", "0x1p+3"}});  // as if steps overflowed since
+  ASSERT_EQ(scaler.scale_value(), 8);
+  m.state.restore();
+  EXPECT_EQ(scaler.scale_value(), 256);
+  // A fresh member resumes the scale from the committed bytes.
+  Member fresh(1, 100, {}, nullptr);
+  LossScaler resumed;
+  fresh.state.keep([&] { return resumed.extras(); },
+                   [&](const TorchState::Extras& extras) { resumed.restore(extras); });
+  fresh.state.load_commit(m.state.committed());
+  EXPECT_EQ(resumed.scale_value(), 256);
+  // Keys of the state's own are refused at the commit.
+  m.state.keep(
+      [] {
+        return TorchState::Extras{{"elastic/mine", "1"}};
+      },
+      [](const TorchState::Extras&) {});
+  const std::string message = error_of([&] { m.state.commit(); });
+  EXPECT_NE(message.find("'elastic/mine' starts with"), std::string::npos) << message;
 }
 
 // Issue 15: TorchState's commit file (what fashion_mnist --elastic writes to

@@ -58,11 +58,28 @@ DistributedSampler& TorchState::sampler() {
   return *sampler_;
 }
 
+void TorchState::keep(std::function<Extras()> save, std::function<void(const Extras&)> restore) {
+  if (!save || !restore) {
+    throw ContractError("kolo::elastic::TorchState::keep: give both a save and a restore callback");
+  }
+  kept_.emplace_back(std::move(save), std::move(restore));
+}
+
 Bytes TorchState::serialize() {
   CheckpointState state;
   state.epoch = epoch;
   state.step = batch;
   state.seed = sampler_options_.seed;
+  for (const auto& kept : kept_) {
+    for (auto& [key, value] : kept.first()) {
+      if (key.rfind("elastic/", 0) == 0) {
+        throw ContractError("kolo::elastic::TorchState::keep: the extra '" + key +
+                            "' starts with \"elastic/\", which the state's own entries use; "
+                            "rename it");
+      }
+      state.extras[key] = std::move(value);
+    }
+  }
   state.extras[kConsumedKey] = std::to_string(consumed_samples());
   const std::string payload = encode_checkpoint(model_, optimizer_, state);
   return Bytes(payload.begin(), payload.end());
@@ -91,6 +108,7 @@ void TorchState::deserialize(const Bytes& bytes) {
                         std::to_string(dataset_size_) +
                         "; build the state with the dataset size of the committing run");
   }
+  for (const auto& kept : kept_) kept.second(state.extras);
   pending_epoch_ = state.epoch;
   pending_consumed_ = consumed;
   sampler_.reset();  // rebuilt by the next sampler() for this world and position

@@ -27,7 +27,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "kolo/core/elastic.h"
 #include "kolo/torch/sampler.h"
@@ -66,6 +71,16 @@ class TorchState : public State {
   // commit now would record).
   int64_t consumed_samples() const;
 
+  // Something else every commit holds, e.g. a LossScaler's scale
+  // (mixed_precision.h):
+  //   state.keep([&] { return scaler.extras(); },
+  //              [&](const auto& extras) { scaler.restore(extras); });
+  // At each commit `save`'s entries join the commit's extras (keys must not
+  // start with "elastic/"); when a commit is restored, `restore` receives its
+  // extras. Call before run(); callbacks run in the order they were added.
+  using Extras = std::map<std::string, std::string>;
+  void keep(std::function<Extras()> save, std::function<void(const Extras&)> restore);
+
  protected:
   Bytes serialize() override;
   void deserialize(const Bytes& bytes) override;
@@ -83,6 +98,7 @@ class TorchState : public State {
   // the epoch and the samples of it taken (pending_epoch_ < 0 = nothing pending).
   int64_t pending_epoch_ = -1;
   int64_t pending_consumed_ = 0;
+  std::vector<std::pair<std::function<Extras()>, std::function<void(const Extras&)>>> kept_;
 };
 
 }  // namespace kolo::elastic
