@@ -10,8 +10,8 @@ packages=(
   zlib1g-dev                         # CRC-32 of kolo's files, gzipped data
   libgtest-dev libgmock-dev          # tests
   clang libclang-rt-14-dev           # the sanitizer build and libFuzzer (scripts/sanitize.sh)
-  libbenchmark-dev
-  libcli11-dev nlohmann-json3-dev libfmt-dev
+  libcli11-dev nlohmann-json3-dev     # command lines; JSON of the store, checkpoints, benches
+  gnuplot-nox                        # kolo-bench scaling --plot
   libopenblas0-pthread               # libtorch otherwise uses the reference BLAS
   libtorch-dev                       # the libtorch frontend (torch/, kolo_torch)
   dataset-fashion-mnist              # examples/fashion_mnist's data
