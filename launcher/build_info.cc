@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "comm/backends.h"
 #include "kolo/core/communicator.h"
 #include "kolo/version.h"
 
@@ -13,19 +14,30 @@ std::string version_text() { return std::string("kolorun (kolo) ") + kolo::versi
 
 std::string check_build_text() {
   const std::vector<std::string> compiled = compiled_backends();
-  auto mark = [&](const std::string& name) {
-    return std::find(compiled.begin(), compiled.end(), name) != compiled.end() ? "[X]" : "[ ]";
+  auto built = [&](const std::string& name) {
+    return std::find(compiled.begin(), compiled.end(), name) != compiled.end();
+  };
+  auto mark = [](bool yes) { return std::string(yes ? "    [X] " : "    [ ] "); };
+  // "gloo 0.5.0 (...)" when built, "gloo (...)" otherwise.
+  auto backend = [&](const std::string& name, const std::string& what) {
+    std::string version = built(name) ? detail::backend_library_version(name) : "";
+    return mark(built(name)) + name + (version.empty() ? "" : " " + version) + " (" + what + ")\n";
   };
   std::string text = "kolo v" + std::string(kolo::version()) + ":\n\n";
   text += "Available Frameworks:\n";
-  text += "    [ ] libtorch (not yet: the kolo_torch layer is a later issue)\n\n";
+#ifdef KOLO_TORCH_VERSION
+  text += mark(true) + "libtorch " + KOLO_TORCH_VERSION + " (kolo::torch, libkolo_torch)\n\n";
+#else
+  text += mark(false) + "libtorch (kolo::torch was not built: libtorch-dev was not found)\n\n";
+#endif
   text += "Available Launchers:\n";
-  text += "    [X] kolorun (local fork/exec and ssh, TCP rendezvous store)\n";
-  text += std::string("    ") + mark("mpi") + " mpirun (kolorun --backend mpi delegates to it)\n\n";
+  text += mark(true) + "kolorun " + kolo::version() +
+          " (local fork/exec and ssh, TCP rendezvous store)\n";
+  text += mark(built("mpi")) + "mpirun (kolorun --backend mpi delegates to it)\n\n";
   text += "Available Communicator Backends:\n";
-  text += std::string("    ") + mark("shm") + " shm (intra-host shared memory)\n";
-  text += std::string("    ") + mark("gloo") + " gloo (TCP, Debian libgloo)\n";
-  text += std::string("    ") + mark("mpi") + " mpi (OpenMPI)\n";
+  text += backend("shm", "intra-host shared memory");
+  text += backend("gloo", "TCP, Debian libgloo");
+  text += backend("mpi", "MPI library");
   return text;
 }
 

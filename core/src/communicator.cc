@@ -25,6 +25,20 @@ std::vector<std::string> compiled_backends() {
   return names;
 }
 
+namespace detail {
+
+std::string backend_library_version(const std::string& backend) {
+#if KOLO_HAVE_GLOO && defined(KOLO_GLOO_VERSION)
+  if (backend == "gloo") return KOLO_GLOO_VERSION;
+#endif
+#if KOLO_HAVE_MPI
+  if (backend == "mpi") return mpi_library_version();
+#endif
+  return "";
+}
+
+}  // namespace detail
+
 std::unique_ptr<Communicator> make_communicator(const std::string& backend,
                                                 const CommunicatorOptions& options) {
   if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {

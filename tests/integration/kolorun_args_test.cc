@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "kolo/core/config.h"
+#include "kolo/version.h"
 #include "kolorun_harness.h"
 
 namespace kolo::kolorun_test {
@@ -89,7 +90,21 @@ TEST(KolorunArgs, CheckBuildListsTheCompiledBackends) {
   EXPECT_NE(r.out.find("[X] shm"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(KOLO_HAVE_GLOO ? "[X] gloo" : "[ ] gloo"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(KOLO_HAVE_MPI ? "[X] mpi" : "[ ] mpi"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("[ ] libtorch"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(std::string("kolo v") + kolo::version()), std::string::npos) << r.out;
+  // Versions: libtorch's (this tree builds kolo::torch whenever libtorch is
+  // found), gloo's and the MPI library's own.
+  EXPECT_NE(r.out.find(KOLO_HAVE_TORCH ? "[X] libtorch " + std::string(KOLO_TORCH_VERSION)
+                                       : std::string("[ ] libtorch")),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("not yet"), std::string::npos) << r.out;
+  if (KOLO_HAVE_GLOO) {
+    EXPECT_NE(r.out.find("[X] gloo " + std::string(KOLO_GLOO_VERSION) + " ("), std::string::npos)
+        << r.out;
+  }
+  if (KOLO_HAVE_MPI) {
+    EXPECT_NE(r.out.find("[X] mpi Open MPI v"), std::string::npos) << r.out;
+  }
 }
 
 TEST(KolorunArgs, PrintEnvDocsNamesEveryRegisteredVariable) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "kolo/core/communicator.h"
 
@@ -22,6 +23,15 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommunicatorOptions& 
 std::unique_ptr<Communicator> make_mpi_communicator(const CommunicatorOptions& options);
 // True when this process was started by an MPI launcher.
 bool launched_by_mpi();
+// The MPI library's own identification (MPI_Get_library_version, which MPI-3
+// allows before MPI_Init), its first line up to the first comma:
+// "Open MPI v4.1.4". Initialises nothing.
+std::string mpi_library_version();
 #endif
+
+// The version of a compiled-in backend's library, for kolorun --check-build:
+// gloo's CMake package version as found at build time ("0.5.0"), the MPI
+// library's identification at run time, "" for shm and unknown names.
+std::string backend_library_version(const std::string& backend);
 
 }  // namespace kolo::detail

@@ -893,6 +893,16 @@ std::unique_ptr<Communicator> make_mpi_communicator(const CommunicatorOptions& o
   return std::make_unique<MpiCommunicator>(options);
 }
 
+std::string mpi_library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int length = 0;
+  if (MPI_Get_library_version(text, &length) != MPI_SUCCESS) return "unknown version";
+  std::string version(text, static_cast<size_t>(std::max(0, length)));
+  const size_t end = version.find_first_of(",\n");
+  if (end != std::string::npos) version.resize(end);
+  return version;
+}
+
 bool launched_by_mpi() {
   for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK"}) {
     if (std::getenv(name) != nullptr) return true;
