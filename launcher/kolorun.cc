@@ -16,10 +16,10 @@
 #include <functional>
 #include <iostream>
 #include <memory>
-#include <random>
 #include <system_error>
 
 #include "build_info.h"
+#include "crypto.h"
 #include "elastic_driver.h"
 #include "elastic_hosts.h"
 #include "hosts.h"
@@ -128,14 +128,8 @@ std::function<void(const std::string&)> store_reporter(const std::string& prefix
 
 // A fresh per-job secret for the rendezvous: 256 random bits as 64 hex digits.
 std::string make_secret() {
-  std::random_device device;
-  std::string hex;
-  static const char* digits = "0123456789abcdef";
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t word = device();
-    for (int k = 0; k < 8; ++k) hex += digits[(word >> (4 * k)) & 15];
-  }
-  return hex;
+  const std::string bytes = detail::random_bytes(32);
+  return detail::to_hex(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
 }
 
 // Elastic mode (elastic_driver.h): kolorun serves an authenticated

@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libgmock-dev          # tests
   clang libclang-rt-14-dev           # the sanitizer build and libFuzzer (scripts/sanitize.sh)
   libcli11-dev nlohmann-json3-dev     # command lines; JSON of the store, checkpoints, benches
+  libssl-dev                         # libcrypto: HMAC-SHA256 of the store, the job secret
   gnuplot-nox                        # kolo-bench scaling --plot
   libopenblas0-pthread               # libtorch otherwise uses the reference BLAS
   libtorch-dev                       # the libtorch frontend (torch/, kolo_torch)

@@ -2,9 +2,8 @@
 #include "store_protocol.h"
 
 #include <cctype>
-#include <random>
 
-#include "hmac_sha256.h"
+#include "crypto.h"
 
 namespace kolo::store_protocol {
 
@@ -105,15 +104,7 @@ Request decode_request(const char* message, size_t bytes) {
   return request;
 }
 
-std::string random_nonce() {
-  std::random_device device;
-  std::string nonce;
-  while (nonce.size() < kNonceBytes) {
-    const uint32_t word = device();
-    nonce.append(reinterpret_cast<const char*>(&word), sizeof(word));
-  }
-  return nonce.substr(0, kNonceBytes);
-}
+std::string random_nonce() { return detail::random_bytes(kNonceBytes); }
 
 namespace {
 
