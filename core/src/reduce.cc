@@ -17,9 +17,6 @@
 //    to the type's range (NaN stores 0).
 #include "reduce.h"
 
-#include <cpuid.h>
-#include <immintrin.h>
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -246,30 +243,10 @@ KOLO_HOT_KERNEL void reduce_i64(const Call& c) { dispatch_int<int64_t>(c); }
 KOLO_HOT_KERNEL void reduce_f16_portable(const Call& c) { dispatch_float<F16Codec>(c); }
 
 // ---- f16 with F16C ---------------------------------------------------------------
-// gcc 12 does not vectorize _Float16 conversions, so with F16C (every x86-64
-// CPU since 2013) the f16 kernel converts whole blocks with the 8-wide
-// instructions and reduces in f32 arrays. Same results as the portable path:
+// gcc 12 does not vectorize _Float16 conversions, so with F16C the f16 kernel
+// converts whole blocks with the 8-wide instructions (half.h's array
+// conversions) and reduces in f32 arrays. Same results as the portable path:
 // both conversions are exact / round to nearest even.
-
-__attribute__((target("avx,f16c"))) void f16_block_to_float(const uint16_t* in, float* out,
-                                                            size_t len) {
-  size_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
-    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(half));
-  }
-  for (; i < len; ++i) out[i] = half_to_float_inline(in[i]);
-}
-
-__attribute__((target("avx,f16c"))) void float_block_to_f16(const float* in, uint16_t* out,
-                                                            size_t len) {
-  size_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    const __m128i half = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), half);
-  }
-  for (; i < len; ++i) out[i] = float_to_half_inline(in[i]);
-}
 
 template <typename Op, bool kScaled>
 KOLO_INLINE void reduce_f16c_kernel(const Call& c, float prescale, float postscale) {
@@ -283,12 +260,12 @@ KOLO_INLINE void reduce_f16c_kernel(const Call& c, float prescale, float postsca
       if (out + base != in0) std::memcpy(out + base, in0, len * sizeof(uint16_t));
       continue;
     }
-    f16_block_to_float(in0, acc, len);
+    f16_to_float_array(in0, acc, len);
     if constexpr (kScaled) {
       for (size_t i = 0; i < len; ++i) acc[i] *= prescale;
     }
     for (int k = 1; k < c.n; ++k) {
-      f16_block_to_float(static_cast<const uint16_t*>(c.inputs[k]) + base, tmp, len);
+      f16_to_float_array(static_cast<const uint16_t*>(c.inputs[k]) + base, tmp, len);
       if constexpr (kScaled) {
         for (size_t i = 0; i < len; ++i) acc[i] = Op::apply(acc[i], tmp[i] * prescale);
       } else {
@@ -298,7 +275,7 @@ KOLO_INLINE void reduce_f16c_kernel(const Call& c, float prescale, float postsca
     if constexpr (kScaled) {
       for (size_t i = 0; i < len; ++i) acc[i] *= postscale;
     }
-    float_block_to_f16(acc, out + base, len);  // after every input of the block was read
+    float_to_f16_array(acc, out + base, len);  // after every input of the block was read
   }
 }
 
@@ -326,15 +303,6 @@ KOLO_HOT_KERNEL void reduce_f16c(const Call& c) {
   } else {
     reduce_f16c_op<false>(c);
   }
-}
-
-// CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports knows no "f16c").
-bool cpu_has_f16c() {
-  static const bool has = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-  }();
-  return has;
 }
 
 void reduce_f16(const Call& c) {

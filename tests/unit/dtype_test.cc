@@ -1,5 +1,5 @@
 // dtype names, sizes and parsing; f16/bf16 conversions (round to nearest even,
-// Inf and NaN preserved, subnormals exact).
+// Inf and NaN preserved, subnormals exact), scalar and array.
 #include "kolo/core/dtype.h"
 
 #include <gtest/gtest.h>
@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
+#include "half.h"
 #include "kolo/core/errors.h"
 
 namespace kolo {
@@ -124,6 +126,32 @@ TEST(F16, MatchesCompilerFloat16OnSampledFloats) {
   }
 }
 #endif
+
+// The array conversions (F16C where the CPU has it, core/src/half.cc) give
+// the scalar code's bits: every f16 pattern, and floats sampled over the
+// whole range with NaNs, subnormals and the tails of 1-7 elements.
+TEST(F16, ArrayConversionsMatchTheScalarCode) {
+  std::vector<uint16_t> halves(65536);
+  for (uint32_t h = 0; h < 65536; ++h) halves[h] = static_cast<uint16_t>(h);
+  std::vector<float> floats(halves.size());
+  detail::f16_to_float_array(halves.data(), floats.data(), halves.size());
+  for (uint32_t h = 0; h < 65536; ++h) {
+    ASSERT_EQ(bits_of(floats[h]), bits_of(f16_to_float(static_cast<uint16_t>(h)))) << std::hex << h;
+    // The scalar code quiets a NaN as F16C does (results never depend on the CPU).
+    if (std::isnan(floats[h])) ASSERT_NE(bits_of(floats[h]) & 0x00400000u, 0u) << std::hex << h;
+  }
+  std::vector<float> sampled;
+  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 65537) {
+    sampled.push_back(float_of(static_cast<uint32_t>(bits)));
+  }
+  for (size_t count : {sampled.size(), size_t{7}, size_t{1}}) {
+    std::vector<uint16_t> out(count);
+    detail::float_to_f16_array(sampled.data(), out.data(), count);
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(out[i], float_to_f16(sampled[i])) << std::hex << bits_of(sampled[i]);
+    }
+  }
+}
 
 // Exact reference: pick the nearer of the two bf16 neighbours, ties to even.
 uint16_t bf16_reference(float value) {

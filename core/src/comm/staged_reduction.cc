@@ -14,7 +14,6 @@ namespace kolo::detail {
 
 namespace {
 
-
 template <typename T>
 void ints_to_double(const void* in, void* work, size_t count) {
   const T* src = static_cast<const T*>(in);
@@ -39,12 +38,8 @@ void to_wire(DType dtype, const void* in, void* work, size_t count) {
       return ints_to_double<int32_t>(in, work, count);
     case DType::kI64:
       return ints_to_double<int64_t>(in, work, count);
-    case DType::kF16: {
-      const uint16_t* src = static_cast<const uint16_t*>(in);
-      float* dst = static_cast<float*>(work);
-      for (size_t i = 0; i < count; ++i) dst[i] = half_to_float_inline(src[i]);
-      return;
-    }
+    case DType::kF16:
+      return f16_to_float_array(static_cast<const uint16_t*>(in), static_cast<float*>(work), count);
     case DType::kBF16: {
       const uint16_t* src = static_cast<const uint16_t*>(in);
       float* dst = static_cast<float*>(work);
@@ -67,12 +62,9 @@ void from_wire(DType dtype, const void* work, void* out, size_t count) {
       return double_to_ints<int32_t>(work, out, count);
     case DType::kI64:
       return double_to_ints<int64_t>(work, out, count);
-    case DType::kF16: {
-      const float* src = static_cast<const float*>(work);
-      uint16_t* dst = static_cast<uint16_t*>(out);
-      for (size_t i = 0; i < count; ++i) dst[i] = float_to_half_inline(src[i]);
-      return;
-    }
+    case DType::kF16:
+      return float_to_f16_array(static_cast<const float*>(work), static_cast<uint16_t*>(out),
+                                count);
     case DType::kBF16: {
       const float* src = static_cast<const float*>(work);
       uint16_t* dst = static_cast<uint16_t*>(out);
