@@ -24,6 +24,7 @@
 
 #include "bench_report.h"
 #include "kolo/core/errors.h"
+#include "worker_runs.h"
 
 namespace kolo::bench {
 namespace {
@@ -33,13 +34,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-std::string self_path() {
-  std::error_code ec;
-  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) throw RuntimeFault("kolo-bench elastic: cannot read /proc/self/exe: " + ec.message());
-  return p.string();
 }
 
 // kolorun with its stdout and stderr on pipes, in a process group of its own.
@@ -338,7 +332,7 @@ int run_elastic_bench(const ElasticBenchOptions& options) {
     throw ContractError(
         "kolo-bench elastic: --commit-every, --repeats and --steps-after must be at least 1");
   }
-  const fs::path build = fs::path(self_path()).parent_path().parent_path();
+  const fs::path build = fs::path(self_path("elastic")).parent_path().parent_path();
   const std::string kolorun =
       options.kolorun.empty() ? (build / "launcher" / "kolorun").string() : options.kolorun;
   const std::string example =

@@ -7,6 +7,10 @@
 //     (a plain process, not under kolorun: it starts the workers; built with libtorch)
 //   kolo-bench zero [--steps 3] [--workers 1,2,4] [--json] [--docs docs/benchmarks.md]
 //     (a plain process; ZeRO stages vs DistributedOptimizer; built with libtorch)
+//   kolo-bench pipeline [--stages 2] [--micro-batches 1,2,4,8,16] [--memory-limit-mib 320]
+//   [--json] [--docs docs/benchmarks.md --docs docs/parallelism.md]
+//     (a plain process; pipeline bubble, throughput against data parallel, and memory of
+//     pp=2 / tp=2 against the unsplit model under a limit; built with libtorch)
 //   kolo-bench store-attack --pid PID [--port P] [--json]
 //     (attacks the rendezvous store served by PID, e.g. kolorun, and prints its memory)
 //   kolo-bench elastic [--repeats 3] [--commit-every 10] [--json] [--docs docs/benchmarks.md]
@@ -29,6 +33,9 @@
 #endif
 #ifdef KOLO_BENCH_HAVE_ZERO
 #include "zero_bench.h"
+#endif
+#ifdef KOLO_BENCH_HAVE_PIPELINE
+#include "pipeline_bench.h"
 #endif
 
 int main(int argc, char** argv) {
@@ -187,6 +194,74 @@ int main(int argc, char** argv) {
   zero_sub->add_flag("--no-prefetch", zero_worker.no_prefetch)->group("");
 #endif
 
+#ifdef KOLO_BENCH_HAVE_PIPELINE
+  kolo::bench::PipelineBenchOptions pipeline;
+  pipeline.command_line = command_line;
+  kolo::bench::PipelineWorkerOptions pipeline_worker;
+  bool pipeline_is_worker = false;
+  auto* pipeline_sub = app.add_subcommand(
+      "pipeline",
+      "pipeline parallelism: measured bubble against (p-1)/(m+p-1) for GPipe and 1F1B, "
+      "throughput against data parallel, and per-rank memory of pp=2 and tp=2 against the "
+      "unsplit model under a memory limit (run as a plain process)");
+  pipeline_sub->add_option("--schedules", pipeline.schedules, "gpipe, 1f1b")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"gpipe", "1f1b"}));
+  pipeline_sub->add_option("--stages", pipeline.stages, "stage counts (one rank per stage)")
+      ->delimiter(',')
+      ->check(CLI::Range(2, 64));
+  pipeline_sub->add_option("--micro-batches", pipeline.micro_batches, "micro-batch counts")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  pipeline_sub->add_option("--blocks", pipeline.model.blocks, "MLP blocks of the bubble model")
+      ->check(CLI::PositiveNumber);
+  pipeline_sub->add_option("--hidden", pipeline.model.hidden, "width between blocks")
+      ->check(CLI::PositiveNumber);
+  pipeline_sub->add_option("--ffn", pipeline.model.ffn, "width inside a block")
+      ->check(CLI::PositiveNumber);
+  pipeline_sub->add_option("--batch", pipeline.model.batch, "global rows per step")
+      ->check(CLI::PositiveNumber);
+  pipeline_sub->add_option("--steps", pipeline.model.steps, "timed steps per configuration")
+      ->check(CLI::PositiveNumber);
+  pipeline_sub->add_option("--warmup-steps", pipeline.model.warmup_steps, "untimed steps first")
+      ->check(CLI::NonNegativeNumber);
+  pipeline_sub->add_option("--threads", pipeline.model.threads, "torch threads per rank")
+      ->check(CLI::PositiveNumber);
+  pipeline_sub->add_flag("!--no-dp", pipeline.compare_dp,
+                         "skip the throughput table (1 rank and data parallel)");
+  pipeline_sub
+      ->add_option("--memory-limit-mib", pipeline.memory_limit_mib,
+                   "per-rank limit of the memory table, by the bench's accounting (parameters + "
+                   "gradients + Adam state + peak activations); 0 = no memory table")
+      ->check(CLI::NonNegativeNumber);
+  pipeline_sub->add_option("--memory-blocks", pipeline.memory_model.blocks, "blocks")
+      ->check(CLI::PositiveNumber);
+  pipeline_sub->add_option("--memory-hidden", pipeline.memory_model.hidden, "width")
+      ->check(CLI::PositiveNumber);
+  pipeline_sub->add_option("--memory-ffn", pipeline.memory_model.ffn, "width inside a block")
+      ->check(CLI::PositiveNumber);
+  pipeline_sub->add_option("--memory-batch", pipeline.memory_model.batch, "global rows")
+      ->check(CLI::PositiveNumber);
+  pipeline_sub->add_option("--memory-steps", pipeline.memory_model.steps, "steps")
+      ->check(CLI::PositiveNumber);
+  pipeline_sub
+      ->add_option("--memory-micro-batches", pipeline.memory_micro_batches,
+                   "micro-batches of every memory layout (1F1B)")
+      ->check(CLI::PositiveNumber);
+  pipeline_sub
+      ->add_option("--config-timeout", pipeline.config_timeout_s,
+                   "seconds before a configuration's workers are killed")
+      ->check(CLI::PositiveNumber);
+  pipeline_sub->add_flag("--json", pipeline.json, "one JSON object per row instead of tables");
+  pipeline_sub->add_option("--docs", pipeline.docs_path,
+                           "rewrite the pipeline section of this markdown file (repeatable)");
+  pipeline_sub->add_option("--kolorun", pipeline.kolorun, "path of kolorun");
+  // The hidden worker mode the driver starts.
+  pipeline_sub->add_flag("--worker", pipeline_is_worker)->group("");
+  pipeline_sub->add_option("--layout", pipeline_worker.layout)->group("");
+  pipeline_sub->add_option("--memory-limit-bytes", pipeline_worker.memory_limit_bytes)->group("");
+#endif
+
   kolo::bench::ElasticBenchOptions elastic;
   elastic.command_line = command_line;
   auto* elastic_sub = app.add_subcommand(
@@ -252,6 +327,15 @@ int main(int argc, char** argv) {
       zero_worker.steps = zero.steps;
       zero_worker.warmup_steps = zero.warmup_steps;
       return kolo::bench::run_zero_worker(zero_worker);
+    }
+#endif
+#ifdef KOLO_BENCH_HAVE_PIPELINE
+    if (*pipeline_sub) {
+      if (!pipeline_is_worker) return kolo::bench::run_pipeline_bench(pipeline);
+      pipeline_worker.model = pipeline.model;
+      pipeline_worker.schedules = pipeline.schedules;
+      pipeline_worker.micro_batches = pipeline.micro_batches;
+      return kolo::bench::run_pipeline_worker(pipeline_worker);
     }
 #endif
 #ifdef KOLO_BENCH_HAVE_SCALING

@@ -20,14 +20,15 @@
 #include <iostream>
 #include <limits>
 #include <map>
-#include <numeric>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 #include <thread>
 #include <utility>
 
 #include "bench_report.h"
 #include "kolo/core/errors.h"
+#include "worker_runs.h"
 
 #ifndef KOLO_SOURCE_DIR
 #define KOLO_SOURCE_DIR "."
@@ -178,13 +179,6 @@ double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
-std::string self_path() {
-  std::error_code ec;
-  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) throw RuntimeFault("kolo-bench scaling: cannot read /proc/self/exe: " + ec.message());
-  return p.string();
-}
-
 bool python_torch_available(const std::string& python) {
   // From "/": the repository's torch/ directory would shadow the package.
   const std::string check =
@@ -201,7 +195,7 @@ int free_port() {
 
 class Driver {
  public:
-  explicit Driver(const ScalingOptions& options) : options_(options), self_(self_path()) {
+  explicit Driver(const ScalingOptions& options) : options_(options), self_(self_path("scaling")) {
     kolorun_ = options.kolorun.empty()
                    ? (fs::path(self_).parent_path().parent_path() / "launcher" / "kolorun").string()
                    : options.kolorun;
@@ -450,8 +444,8 @@ int run_scaling_bench(const ScalingOptions& options) {
     std::string note = oversubscribed ? "oversubscribed" : "";
     if (c.system == "kolo") note += std::string(note.empty() ? "" : ", ") + "DistributedOptimizer";
     if (c.system == "kolo_balanced" && !m.batches.empty())
-      note += std::string(note.empty() ? "" : ", ") + "BatchBalancer, images/step by rank " +
-              m.batches;
+      note +=
+          std::string(note.empty() ? "" : ", ") + "BatchBalancer, images/step by rank " + m.batches;
     nlohmann::json row = {{"model", c.model},          {"system", c.system},
                           {"workers", c.workers},      {"threads_per_worker", c.threads},
                           {"batch_per_worker", batch}, {"oversubscribed", oversubscribed}};

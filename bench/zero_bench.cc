@@ -3,8 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <filesystem>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -13,46 +11,14 @@
 
 #include "bench_report.h"
 #include "kolo/core/errors.h"
+#include "worker_runs.h"
 
 namespace kolo::bench {
 namespace {
 
-namespace fs = std::filesystem;
 
 // The configuration key of stage 3 run with ZeroOptions::prefetch = false.
 constexpr const char* kStage3NoPrefetch = "3/no-prefetch";
-
-std::string self_path() {
-  std::error_code ec;
-  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) throw RuntimeFault("kolo-bench zero: cannot read /proc/self/exe: " + ec.message());
-  return p.string();
-}
-
-// Runs `command` through the shell, returns its stdout and exit status.
-std::pair<std::string, int> run(const std::string& command) {
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) throw RuntimeFault("kolo-bench zero: cannot run " + command);
-  std::string out;
-  char buffer[4096];
-  size_t got;
-  while ((got = fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, got);
-  const int status = pclose(pipe);
-  return {out, status};
-}
-
-// The worker rows in `out` (kolorun may prefix lines).
-std::vector<nlohmann::json> rows_of(const std::string& out) {
-  std::vector<nlohmann::json> rows;
-  std::istringstream lines(out);
-  for (std::string line; std::getline(lines, line);) {
-    const size_t brace = line.find('{');
-    if (brace == std::string::npos) continue;
-    nlohmann::json row = nlohmann::json::parse(line.substr(brace), nullptr, false);
-    if (!row.is_discarded() && row.contains("peak_rss_bytes")) rows.push_back(row);
-  }
-  return rows;
-}
 
 std::string mib(int64_t bytes) { return format_fixed(static_cast<double>(bytes) / (1 << 20), 1); }
 
@@ -153,11 +119,8 @@ Report targets_report(const Configs& by_config, const std::vector<int>& workers)
 }  // namespace
 
 int run_zero_bench(const ZeroBenchOptions& options) {
-  const std::string self = self_path();
-  const std::string kolorun =
-      options.kolorun.empty()
-          ? (fs::path(self).parent_path().parent_path() / "launcher" / "kolorun").string()
-          : options.kolorun;
+  const std::string self = self_path("zero");
+  const std::string kolorun = kolorun_path(options.kolorun, "zero");
   Report report;
   const int64_t params = static_cast<int64_t>(options.layers) * options.width * (options.width + 1);
   report.title = "ZeRO: per-rank memory and step time, " + std::to_string(options.layers) +
@@ -188,8 +151,8 @@ int run_zero_bench(const ZeroBenchOptions& options) {
               << options.batch << " --steps " << options.steps << " --warmup-steps "
               << options.warmup_steps << (no_prefetch ? " --no-prefetch" : "");
       std::cerr << "kolo-bench zero: mode " << config << ", " << workers << " worker(s)\n";
-      const auto [out, status] = run(command.str());
-      const std::vector<nlohmann::json> rows = rows_of(out);
+      const auto [out, status] = run_command(command.str(), "zero");
+      const std::vector<nlohmann::json> rows = json_rows(out, "peak_rss_bytes");
       if (status != 0 || static_cast<int>(rows.size()) != workers) {
         std::cerr << "kolo-bench zero: mode " << mode << " at " << workers
                   << " workers failed (exit status " << status << ", " << rows.size() << " rows):\n"
