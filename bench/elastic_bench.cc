@@ -333,8 +333,7 @@ int run_elastic_bench(const ElasticBenchOptions& options) {
         "kolo-bench elastic: --commit-every, --repeats and --steps-after must be at least 1");
   }
   const fs::path build = fs::path(self_path("elastic")).parent_path().parent_path();
-  const std::string kolorun =
-      options.kolorun.empty() ? (build / "launcher" / "kolorun").string() : options.kolorun;
+  const std::string kolorun = kolorun_path(options.kolorun, "elastic");
   const std::string example =
       options.example.empty() ? (build / "examples" / "fashion_mnist" / "fashion_mnist").string()
                               : options.example;

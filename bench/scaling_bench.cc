@@ -196,9 +196,7 @@ int free_port() {
 class Driver {
  public:
   explicit Driver(const ScalingOptions& options) : options_(options), self_(self_path("scaling")) {
-    kolorun_ = options.kolorun.empty()
-                   ? (fs::path(self_).parent_path().parent_path() / "launcher" / "kolorun").string()
-                   : options.kolorun;
+    kolorun_ = kolorun_path(options.kolorun, "scaling");
     ddp_script_ = options.ddp_script.empty()
                       ? std::string(KOLO_SOURCE_DIR) + "/bench/ddp_baseline.py"
                       : options.ddp_script;

@@ -16,7 +16,6 @@
 namespace kolo::bench {
 namespace {
 
-
 // The configuration key of stage 3 run with ZeroOptions::prefetch = false.
 constexpr const char* kStage3NoPrefetch = "3/no-prefetch";
 
