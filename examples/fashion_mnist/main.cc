@@ -71,7 +71,8 @@ struct Flags {
   int64_t train_subset = 0;                  // 0 = all 60000 training images
   int64_t test_subset = 0;                   // 0 = all 10000 test images
   std::string compression = "none";          // gradients on the wire: none, fp16, bf16
-  int zero_stage = 0;  // 0 = DistributedOptimizer, 1-3 = ZeRO stage (docs/zero.md)
+  int zero_stage = 0;              // 0 = DistributedOptimizer, 1-3 = ZeRO stage (docs/zero.md)
+  std::string precision = "fp32";  // fp32, or bf16: the forward pass under bf16 autocast
   std::string data_dir = fashion_mnist::kDefaultDataDir;
   uint64_t seed = 42;
   int progress_lines = 10;    // progress lines per epoch on rank 0
@@ -336,10 +337,12 @@ int run(const Flags& flags) {
         static_cast<long long>(train.images.size(0)),
         static_cast<long long>(flags.balance ? shard_size / workers : shard_size),
         static_cast<long long>(steps_per_epoch), static_cast<long long>(test.images.size(0)));
-    std::printf("  batch %lld per worker (global %lld), gradient compression %s, ZeRO stage %d\n",
-                static_cast<long long>(flags.batch_size),
-                static_cast<long long>(flags.batch_size * workers), flags.compression.c_str(),
-                flags.zero_stage);
+    std::printf(
+        "  batch %lld per worker (global %lld), gradient compression %s, ZeRO stage %d, "
+        "precision %s\n",
+        static_cast<long long>(flags.batch_size),
+        static_cast<long long>(flags.batch_size * workers), flags.compression.c_str(),
+        flags.zero_stage, flags.precision.c_str());
     print_optimizer(choice, schedule_options, flags.lr_decay);
     std::fflush(stdout);
   }
@@ -370,8 +373,14 @@ int run(const Flags& flags) {
 
       kolo::apply_lr(*base_optimizer, schedule.lr(epoch, step));
       optimizer->zero_grad();
-      const torch::Tensor logits = model->forward(images);  // (B, 10)
-      const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
+      torch::Tensor logits, loss;
+      {
+        // --precision bf16: convolutions and linear layers compute in bf16;
+        // weights, gradients and Adam's state stay float32.
+        kolo::AutocastGuard autocast(torch::kBFloat16, flags.precision == "bf16");
+        logits = model->forward(images);  // (B, 10)
+        loss = torch::nn::functional::cross_entropy(logits, labels);
+      }
       if (balancer) {
         // Uneven batches: weight this worker's mean loss by its share so that
         // the averaged gradient is the mean over the whole global batch, then
@@ -521,8 +530,12 @@ int run_elastic(const Flags& flags) {
         const torch::Tensor labels = train.labels.index_select(0, index);
         kolo::apply_lr(*base_optimizer, schedule.lr(state.epoch, state.batch));
         optimizer.zero_grad();
-        const torch::Tensor logits = model->forward(images);
-        const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
+        torch::Tensor logits, loss;
+        {
+          kolo::AutocastGuard autocast(torch::kBFloat16, flags.precision == "bf16");
+          logits = model->forward(images);
+          loss = torch::nn::functional::cross_entropy(logits, labels);
+        }
         loss.backward();
         optimizer.step();  // a dead peer makes this throw; run() takes it from there
         ++state.batch;
@@ -623,6 +636,11 @@ int main(int argc, char** argv) {
                    "2 or 3 (docs/zero.md)";
           },
           "0|1|2|3"))
+      ->capture_default_str();
+  app.add_option("--precision", flags.precision,
+                 "Arithmetic of the forward pass: fp32, or bf16 (bf16 autocast; float32 weights, "
+                 "gradients and optimizer state)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
   app.add_option("--compression", flags.compression, "Gradient compression: none, fp16, bf16")
       ->capture_default_str()

@@ -26,6 +26,7 @@
 #include "kolo/torch/layerwise.h"
 #include "kolo/torch/lr.h"
 #include "kolo/torch/metrics.h"
+#include "kolo/torch/mixed_precision.h"
 #include "kolo/torch/optimizer.h"
 #include "kolo/torch/optimizer_factory.h"
 #include "kolo/torch/p2p.h"
