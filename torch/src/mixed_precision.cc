@@ -3,12 +3,15 @@
 
 #include <ATen/autocast_mode.h>
 #include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+#include <torch/utils.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
+#include "common.h"
 #include "kolo/core/errors.h"
 #include "kolo/torch/parallel_optimizer.h"
 
@@ -26,7 +29,163 @@ std::string exact(double value) {
   return text;
 }
 
+std::string key_of(const torch::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); }
+
+std::vector<torch::optim::OptimizerParamGroup> groups_of(torch::optim::Optimizer& inner) {
+  if (!inner.state().empty()) {
+    throw ContractError(
+        "kolo::MasterWeightOptimizer: the wrapped optimizer has stepped (its state is not "
+        "empty); wrap it before its first step, its state would belong to the low-precision "
+        "parameters");
+  }
+  return inner.param_groups();
+}
+
 }  // namespace
+
+std::unique_ptr<torch::optim::OptimizerParamState> MasterParamState::clone() const {
+  auto copy = std::make_unique<MasterParamState>();
+  if (master.defined()) copy->master = master.clone();
+  if (inner) copy->inner = inner->clone();
+  return copy;
+}
+
+void MasterParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  if (master.defined()) archive.write("master", master);
+  if (inner) inner->serialize(archive);
+}
+
+void MasterParamState::serialize(torch::serialize::InputArchive& archive) {
+  torch::Tensor saved;
+  if (archive.try_read("master", saved)) {
+    if (master.defined() && master.sizes() == saved.sizes()) {
+      torch::NoGradGuard no_grad;
+      master.copy_(saved);
+    } else {
+      master = saved.to(torch::kFloat).clone();
+    }
+  }
+  // The inner optimizer's entries, when the archive has any besides ours.
+  bool others = false;
+  for (const std::string& key : archive.keys())
+    others = others || (key != "master" && key != "training");
+  if (inner && others) inner->serialize(archive);
+}
+
+MasterWeightOptimizer::MasterWeightOptimizer(torch::optim::Optimizer& inner)
+    : torch::optim::Optimizer(groups_of(inner), inner.defaults().clone()), inner_(inner) {}
+
+torch::Tensor MasterWeightOptimizer::step(LossClosure closure) {
+  if (closure) {
+    throw ContractError(
+        "kolo::MasterWeightOptimizer::step: a closure is not supported (the loss would be "
+        "evaluated with the low-precision parameters mid-step); call step() without one");
+  }
+  auto& inner_groups = inner_.param_groups();
+  if (inner_groups.size() != param_groups_.size()) {
+    throw ContractError("kolo::MasterWeightOptimizer::step: the wrapped optimizer has " +
+                        std::to_string(inner_groups.size()) + " parameter groups, this one " +
+                        std::to_string(param_groups_.size()) +
+                        "; add parameter groups to the MasterWeightOptimizer only");
+  }
+  torch::NoGradGuard no_grad;
+  // Each parameter's master copy takes its place in the inner optimizer for
+  // this step, with the gradient in float32 and the inner state it left.
+  std::vector<std::pair<torch::Tensor, MasterParamState*>> stepped;
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    inner_groups[g].set_options(param_groups_[g].options().clone());
+    std::vector<torch::Tensor> masters;
+    for (const torch::Tensor& p : param_groups_[g].params()) {
+      auto& slot = state_[key_of(p)];
+      if (!slot) slot = std::make_unique<MasterParamState>();
+      auto* s = dynamic_cast<MasterParamState*>(slot.get());
+      if (s == nullptr) {
+        throw ContractError(
+            "kolo::MasterWeightOptimizer::step: the state of a parameter is not a "
+            "MasterParamState (was it loaded from another optimizer's checkpoint?)");
+      }
+      if (!s->master.defined()) s->master = p.detach().to(torch::kFloat).clone();
+      s->master.mutable_grad() = p.grad().defined() ? p.grad().to(torch::kFloat) : torch::Tensor();
+      if (s->inner) inner_.state()[key_of(s->master)] = std::move(s->inner);
+      masters.push_back(s->master);
+      stepped.emplace_back(p, s);
+    }
+    inner_groups[g].params() = std::move(masters);
+  }
+  // Whatever happens, the inner state goes back to its parameter.
+  const auto give_back = [&] {
+    for (auto& [p, s] : stepped) {
+      auto it = inner_.state().find(key_of(s->master));
+      if (it != inner_.state().end()) s->inner = std::move(it->second);
+      s->master.mutable_grad() = torch::Tensor();
+    }
+    inner_.state().clear();
+  };
+  torch::Tensor result;
+  try {
+    result = inner_.step();
+  } catch (...) {
+    give_back();
+    throw;
+  }
+  give_back();
+  for (auto& [p, s] : stepped) p.copy_(s->master);
+  return result;
+}
+
+void MasterWeightOptimizer::save(torch::serialize::OutputArchive& archive) const {
+  int64_t index = 0;
+  for (const auto& group : param_groups_) {
+    for (const torch::Tensor& p : group.params()) {
+      auto it = state_.find(key_of(p));
+      if (it != state_.end()) {
+        torch::serialize::OutputArchive one(archive.compilation_unit());
+        it->second->serialize(one);
+        archive.write("state/" + std::to_string(index), one);
+      }
+      ++index;
+    }
+  }
+  archive.write("params", c10::IValue(index));
+}
+
+void MasterWeightOptimizer::load(torch::serialize::InputArchive& archive) {
+  std::vector<torch::Tensor> params;
+  for (const auto& group : param_groups_) {
+    for (const torch::Tensor& p : group.params()) params.push_back(p);
+  }
+  c10::IValue count;
+  if (!archive.try_read("params", count) || !count.isInt() ||
+      count.toInt() != static_cast<int64_t>(params.size())) {
+    throw ContractError(
+        "kolo::MasterWeightOptimizer::load: the archive does not hold the state "
+        "of " +
+        std::to_string(params.size()) + " parameters written by a MasterWeightOptimizer");
+  }
+  // The inner optimizer creates its state (of its own type) in a step on zero
+  // gradients whose change to the parameters is undone; the saved values
+  // then overwrite it, the master weights included.
+  torch::NoGradGuard no_grad;
+  state_.clear();
+  std::vector<torch::Tensor> values, grads;
+  for (torch::Tensor& p : params) {
+    values.push_back(p.clone());
+    grads.push_back(p.grad());
+    p.mutable_grad() = torch::zeros_like(p);
+  }
+  step();
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].copy_(values[i]);
+    params[i].mutable_grad() = grads[i];
+    torch::serialize::InputArchive one;
+    const std::string key = key_of(params[i]);
+    if (archive.try_read("state/" + std::to_string(i), one)) {
+      state_.at(key)->serialize(one);
+    } else {
+      state_.erase(key);
+    }
+  }
+}
 
 Precision parse_precision(const std::string& name) {
   if (name == "fp32") return Precision::kFp32;

@@ -12,6 +12,7 @@
 
 #include "kolo/torch/lamb.h"
 #include "kolo/torch/lars.h"
+#include "kolo/torch/mixed_precision.h"
 #include "zero_state.h"
 
 namespace kolo {
@@ -28,35 +29,43 @@ int64_t bytes_of(std::initializer_list<const torch::Tensor*> tensors) {
   return total;
 }
 
+// Bytes of one parameter's state.
+int64_t state_bytes(const torch::optim::OptimizerParamState* s) {
+  using namespace torch::optim;
+  int64_t total = 0;
+  if (auto* m = dynamic_cast<const MasterParamState*>(s)) {
+    // A MasterWeightOptimizer's: the float32 master copy and its optimizer state.
+    total += bytes_of(m->master);
+    if (m->inner) total += state_bytes(m->inner.get());
+  } else if (auto* a = dynamic_cast<const AdamParamState*>(s)) {
+    total += bytes_of({&a->exp_avg(), &a->exp_avg_sq(), &a->max_exp_avg_sq()});
+  } else if (auto* w = dynamic_cast<const AdamWParamState*>(s)) {
+    total += bytes_of({&w->exp_avg(), &w->exp_avg_sq(), &w->max_exp_avg_sq()});
+  } else if (auto* g = dynamic_cast<const SGDParamState*>(s)) {
+    total += bytes_of(g->momentum_buffer());
+  } else if (auto* ada = dynamic_cast<const AdagradParamState*>(s)) {
+    total += bytes_of(ada->sum());
+  } else if (auto* r = dynamic_cast<const RMSpropParamState*>(s)) {
+    total += bytes_of({&r->square_avg(), &r->momentum_buffer(), &r->grad_avg()});
+  } else if (auto* lamb = dynamic_cast<const LAMBParamState*>(s)) {
+    total += bytes_of({&lamb->exp_avg(), &lamb->exp_avg_sq()});
+  } else if (auto* lars = dynamic_cast<const LARSParamState*>(s)) {
+    total += bytes_of(lars->momentum_buffer());
+  } else {
+    // Another optimizer: the size of its serialised state (tensor bytes
+    // plus a small archive overhead).
+    torch::serialize::OutputArchive archive;
+    s->serialize(archive);
+    total += static_cast<int64_t>(detail::archive_to_bytes(archive).size());
+  }
+  return total;
+}
+
 }  // namespace
 
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
-  using namespace torch::optim;
   int64_t total = 0;
-  for (const auto& [key, state] : optimizer.state()) {
-    const OptimizerParamState* s = state.get();
-    if (auto* a = dynamic_cast<const AdamParamState*>(s)) {
-      total += bytes_of({&a->exp_avg(), &a->exp_avg_sq(), &a->max_exp_avg_sq()});
-    } else if (auto* w = dynamic_cast<const AdamWParamState*>(s)) {
-      total += bytes_of({&w->exp_avg(), &w->exp_avg_sq(), &w->max_exp_avg_sq()});
-    } else if (auto* g = dynamic_cast<const SGDParamState*>(s)) {
-      total += bytes_of(g->momentum_buffer());
-    } else if (auto* ada = dynamic_cast<const AdagradParamState*>(s)) {
-      total += bytes_of(ada->sum());
-    } else if (auto* r = dynamic_cast<const RMSpropParamState*>(s)) {
-      total += bytes_of({&r->square_avg(), &r->momentum_buffer(), &r->grad_avg()});
-    } else if (auto* lamb = dynamic_cast<const LAMBParamState*>(s)) {
-      total += bytes_of({&lamb->exp_avg(), &lamb->exp_avg_sq()});
-    } else if (auto* lars = dynamic_cast<const LARSParamState*>(s)) {
-      total += bytes_of(lars->momentum_buffer());
-    } else {
-      // Another optimizer: the size of its serialised state (tensor bytes
-      // plus a small archive overhead).
-      torch::serialize::OutputArchive archive;
-      s->serialize(archive);
-      total += static_cast<int64_t>(detail::archive_to_bytes(archive).size());
-    }
-  }
+  for (const auto& [key, state] : optimizer.state()) total += state_bytes(state.get());
   return total;
 }
 

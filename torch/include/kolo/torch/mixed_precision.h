@@ -23,10 +23,12 @@
 // same loop with S = 1 and no check).
 #pragma once
 
+#include <torch/optim/optimizer.h>
 #include <torch/types.h>
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "kolo/torch/tensor.h"
@@ -61,6 +63,59 @@ class AutocastGuard {
  private:
   bool previous_enabled_;
   c10::ScalarType previous_dtype_;
+};
+
+// Low-precision model, float32 master weights (Micikevicius et al., "Mixed
+// Precision Training"; Apex O2; DeepSpeed). The model's parameters are
+// float16 or bfloat16 (forward and backward run in it, gradients are
+// exchanged in it: half the bytes); the update runs on float32 copies, so
+// updates smaller than half a unit of the low precision accumulate instead
+// of rounding away:
+//
+//   model->to(torch::kBFloat16);
+//   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+//   kolo::MasterWeightOptimizer master(adam);     // steps float32 copies
+//   auto optimizer = kolo::make_parallel_optimizer(master, *model, options);
+//
+// A torch::optim::Optimizer over the same parameter groups as `inner` (its
+// group options are this optimizer's: LR schedules and apply_lr change them
+// here). Each step, for every parameter p of its groups: the float32 master
+// copy m (made from p at its first step) receives p's gradient in float32,
+// `inner` steps m (its state, e.g. Adam's moments, is float32 and lives
+// with m), and p takes m's value rounded to p's dtype. Under a ZeroOptimizer
+// the parameters of its groups are this rank's slices, so the master weights
+// and their optimizer state are sharded like the rest (DeepSpeed's layout):
+// per parameter element, stage 3 with Adam holds 2/N bytes of bf16
+// parameters, 2/N of gradients, and (4 + 8)/N of master weights and moments.
+//
+// State. The state of p (state() keyed by p, as every optimizer's) is a
+// MasterParamState: m and inner's state of m. Checkpoints (kolo's sharded and
+// single-file ones, elastic commits) therefore save the master weights with
+// full precision, element-wise, sharded at ZeRO stages. The wrapped optimizer
+// must not have stepped (its state empty) and must outlive this one; use
+// this one from then on. step() takes no closure.
+class MasterParamState : public torch::optim::OptimizerParamState {
+ public:
+  torch::Tensor master;                                      // float32, shaped like the parameter
+  std::unique_ptr<torch::optim::OptimizerParamState> inner;  // inner's state of master (or none)
+
+  std::unique_ptr<torch::optim::OptimizerParamState> clone() const override;
+  // "master" and inner's entries, in one archive.
+  void serialize(torch::serialize::OutputArchive& archive) const override;
+  void serialize(torch::serialize::InputArchive& archive) override;
+};
+
+class MasterWeightOptimizer : public torch::optim::Optimizer {
+ public:
+  explicit MasterWeightOptimizer(torch::optim::Optimizer& inner);
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  // Every parameter's MasterParamState, by position in the groups.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+  torch::optim::Optimizer& inner() { return inner_; }
+
+ private:
+  torch::optim::Optimizer& inner_;
 };
 
 // Where the overflow vote runs (CallOptions: engine, process set, timeout:
