@@ -367,6 +367,21 @@ TEST_F(FashionMnistExample, LarsAndLambTrainOnTwoWorkers) {
   }
 }
 
+// --precision bf16 (the forward pass under bf16 autocast) trains the example
+// through kolorun at ZeRO stage 2; the banner names the precision.
+TEST_F(FashionMnistExample, Bf16PrecisionTrainsOnTwoWorkers) {
+  RunResult r = run_kolorun({"-np", "2", example_path(), "--precision", "bf16", "--zero-stage=2",
+                             "--train-subset=1000", "--test-subset=300", "--batch-size=32",
+                             "--threads=1", "--epochs", "1", "--progress-lines=1"},
+                            seconds(120));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("ZeRO stage 2, precision bf16"), std::string::npos) << r.out;
+  const auto accuracy = values_after(r.out, "test accuracy");
+  ASSERT_EQ(accuracy.size(), 1u) << r.out;
+  EXPECT_GT(accuracy[0], 0.4) << r.out;
+}
+
 TEST_F(FashionMnistExample, UnknownOptimizerIsAClearError) {
   RunResult r = run_kolorun({"-np", "1", example_path(), "--optimizer", "adagrad"}, seconds(60));
   ASSERT_FALSE(r.timed_out) << r.out << r.err;
