@@ -251,6 +251,15 @@ Runtime::Runtime(const InitOptions& options) {
     }
     world_options_ = comm;
   }
+  // Homogeneous: the largest local_size equals the smallest (max of both
+  // signs in one allreduce).
+  if (topology_.size > 1) {
+    int32_t extremes[2] = {topology_.local_size, -topology_.local_size};
+    AllreduceOptions max;
+    max.op = ReduceOp::kMax;
+    world_->allreduce(extremes, extremes, 2, DType::kI32, max);
+    topology_.homogeneous = extremes[0] == -extremes[1];
+  }
   logger.info("initialised rank " + std::to_string(topology_.rank) + " of " +
               std::to_string(topology_.size) + " (local " + std::to_string(topology_.local_rank) +
               "/" + std::to_string(topology_.local_size) + ", host " +
@@ -417,5 +426,6 @@ int local_rank() { return initialised("local_rank").topology().local_rank; }
 int local_size() { return initialised("local_size").topology().local_size; }
 int cross_rank() { return initialised("cross_rank").topology().cross_rank; }
 int cross_size() { return initialised("cross_size").topology().cross_size; }
+bool is_homogeneous() { return initialised("is_homogeneous").topology().homogeneous; }
 
 }  // namespace kolo

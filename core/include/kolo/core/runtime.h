@@ -107,6 +107,8 @@ int local_rank();
 int local_size();
 int cross_rank();
 int cross_size();
+// Every host runs the same number of ranks (Topology::homogeneous).
+bool is_homogeneous();
 
 }  // namespace kolo
 #pragma GCC visibility pop

@@ -17,6 +17,9 @@ struct Topology {
   int local_size = 1;  // ranks on this host
   int cross_rank = 0;  // index of this host among the hosts (ordered by lowest rank)
   int cross_size = 1;  // number of hosts
+  // Every host runs the same number of ranks (Horovod's is_homogeneous);
+  // found at init with one small allreduce over the world.
+  bool homogeneous = true;
   // Which launcher the values came from: "kolorun", "openmpi", "pmi", "slurm",
   // "torchrun" or "none" (a world of one).
   std::string source = "none";
