@@ -1,5 +1,10 @@
-// kolo::elastic::run: the worker's loop over rounds (elastic.h, docs/elastic.md).
+// kolo::elastic::init and run: the worker's path over rounds (elastic.h,
+// docs/elastic.md).
 #include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
 
 #include "elastic/round_store.h"
 #include "kolo/core/elastic.h"
@@ -26,51 +31,140 @@ EnvLookup round_env(const EnvLookup& base, const Membership& m) {
   };
 }
 
+// One elastic worker's way through the rounds kolorun publishes.
+class Worker {
+ public:
+  explicit Worker(const EnvLookup& env)
+      : env_(env),
+        rendezvous_(Rendezvous::from_env(env)),
+        logger_(detail::Logger::from_config(Config::load(env))) {}
+
+  // Joins the next round that contains this worker and initialises the
+  // default runtime for it. A fault on the way (a member lost before its
+  // init, kolorun giving up on the round) leaves the round and joins the
+  // next; a ContractError propagates.
+  void enter(const RunOptions& options) {
+    for (;;) {
+      const Membership m = rendezvous_.join(round_, reason_, suspects_);
+      suspects_.clear();
+      membership_ = m;
+      round_ = m.round;
+      logger_.info("elastic: worker " + std::to_string(rendezvous_.options().worker_id) +
+                   " is rank " + std::to_string(m.rank) + " of " + std::to_string(m.size) +
+                   " in round " + std::to_string(m.round));
+      try {
+        if (options.on_join) options.on_join(m);
+        InitOptions init_options = options.init;
+        init_options.env = round_env(env_, m);
+        init_options.store_prefix = "elastic/round" + std::to_string(m.round) + "/init";
+        if (m.size > 1) {
+          // Its own connection, whose waits end when kolorun gives up on the
+          // round (a member died before building its communicators).
+          const Rendezvous::Options& r = rendezvous_.options();
+          auto store = std::make_shared<RoundStore>(
+              connect_tcp_store(r.store_host, r.store_port, r.timeout, r.secret), m.round);
+          init_options.store = store;
+          init_options.rendezvous_check = [store] {
+            store->throw_if_failed("for the other members to map the shared segment");
+          };
+        }
+        init(init_options);
+        return;
+      } catch (const RuntimeFault& e) {
+        leave(std::string("fault: ") + e.what(), &e);
+      }
+    }
+  }
+
+  // Shuts the default runtime down; the next enter() says why, and passes
+  // on the ranks `fault` named as worker ids, so that kolorun can evict a
+  // member that stalls instead of waiting for it.
+  void leave(const std::string& reason, const RuntimeFault* fault = nullptr) {
+    reason_ = reason;
+    if (fault != nullptr) {
+      const Membership& m = membership_;
+      for (int r : fault->failed_ranks()) {
+        if (r >= 0 && r < m.size && r != m.rank) suspects_.push_back(m.worker_ids[r]);
+      }
+    }
+    logger_.info("elastic: leaving round " + std::to_string(round_) + " (" + reason_ + ")");
+    shutdown();
+  }
+
+  Rendezvous& rendezvous() { return rendezvous_; }
+  int64_t round() const { return round_; }
+
+ private:
+  EnvLookup env_;
+  Rendezvous rendezvous_;
+  detail::Logger logger_;
+  Membership membership_;  // of the round entered last
+  int64_t round_ = 0;
+  std::string reason_ = "starting";
+  std::vector<int64_t> suspects_;  // worker ids the last fault named
+};
+
+// The worker that elastic::init() made, until run() takes it over. It
+// belongs with the default runtime it initialised (runtime.h), the one piece
+// of process state kolo has.
+struct Pending {
+  std::mutex mutex;
+  std::unique_ptr<Worker> worker;
+};
+
+Pending& pending() {
+  static Pending instance;
+  return instance;
+}
+
 }  // namespace
 
-void run(State& state, const std::function<void()>& train, const RunOptions& options) {
+void init(const RunOptions& options) {
   const EnvLookup env = options.init.env ? options.init.env : process_env();
   if (!Rendezvous::enabled(env)) {
-    if (!is_initialized()) init(options.init);
-    train();
+    kolo::init(options.init);
     return;
   }
   if (is_initialized()) {
     throw ContractError(
-        "kolo::elastic::run: the default runtime is already initialised; in elastic mode run() "
-        "initialises it for every world it joins, so remove the kolo::init() before run()");
+        "kolo::elastic::init: the default runtime is already initialised; call "
+        "kolo::shutdown() first");
   }
-  Rendezvous rendezvous(Rendezvous::from_env(env));
-  const detail::Logger logger = detail::Logger::from_config(Config::load(env));
-  int64_t round = 0;
+  Pending& p = pending();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  // A worker left from an earlier init() keeps its place in the rounds.
+  if (!p.worker) p.worker = std::make_unique<Worker>(env);
+  p.worker->enter(options);
+}
+
+void run(State& state, const std::function<void()>& train, const RunOptions& options) {
+  const EnvLookup env = options.init.env ? options.init.env : process_env();
+  if (!Rendezvous::enabled(env)) {
+    if (!is_initialized()) kolo::init(options.init);
+    train();
+    return;
+  }
+  std::unique_ptr<Worker> worker;
+  {
+    Pending& p = pending();
+    std::lock_guard<std::mutex> lock(p.mutex);
+    worker = std::move(p.worker);
+  }
+  if (is_initialized() && !worker) {
+    throw ContractError(
+        "kolo::elastic::run: the default runtime is already initialised by kolo::init(); in "
+        "elastic mode run() initialises it for every world it joins: remove the kolo::init() "
+        "before run(), or call kolo::elastic::init() instead");
+  }
+  if (!worker) worker = std::make_unique<Worker>(env);
   bool was_member = false;
-  std::string reason = "starting";
-  std::vector<int64_t> suspects;
   for (;;) {
-    const Membership m = rendezvous.join(round, reason, suspects);
-    suspects.clear();
-    round = m.round;
-    logger.info("elastic: worker " + std::to_string(rendezvous.options().worker_id) + " is rank " +
-                std::to_string(m.rank) + " of " + std::to_string(m.size) + " in round " +
-                std::to_string(m.round));
+    // The first round may be the one elastic::init() entered.
+    if (!is_initialized()) worker->enter(options);
+    std::string reason;
+    std::optional<RuntimeFault> fault;
     try {
-      if (options.on_join) options.on_join(m);
-      InitOptions init_options = options.init;
-      init_options.env = round_env(env, m);
-      init_options.store_prefix = "elastic/round" + std::to_string(m.round) + "/init";
-      if (m.size > 1) {
-        // Its own connection, whose waits end when kolorun gives up on the
-        // round (a member died before building its communicators).
-        const Rendezvous::Options& r = rendezvous.options();
-        auto store = std::make_shared<RoundStore>(
-            connect_tcp_store(r.store_host, r.store_port, r.timeout, r.secret), m.round);
-        init_options.store = store;
-        init_options.rendezvous_check = [store] {
-          store->throw_if_failed("for the other members to map the shared segment");
-        };
-      }
-      init(init_options);
-      state.attach(&rendezvous, m.round);
+      state.attach(&worker->rendezvous(), worker->round());
       // Back to the last commit (survivors; a newcomer has none), then
       // everyone takes rank 0's, which kolorun makes the oldest member.
       state.restore();
@@ -87,15 +181,10 @@ void run(State& state, const std::function<void()>& train, const RunOptions& opt
       throw;  // a bug, not a fault: retrying would fail the same way
     } catch (const RuntimeFault& e) {
       reason = std::string("fault: ") + e.what();
-      // The ranks the fault named, as worker ids, so that kolorun can evict a
-      // member that stalls instead of waiting for it.
-      for (int r : e.failed_ranks()) {
-        if (r >= 0 && r < m.size && r != m.rank) suspects.push_back(m.worker_ids[r]);
-      }
+      fault = e;
     }
     state.attach(nullptr, 0);
-    logger.info("elastic: leaving round " + std::to_string(round) + " (" + reason + ")");
-    shutdown();
+    worker->leave(reason, fault ? &*fault : nullptr);
   }
 }
 

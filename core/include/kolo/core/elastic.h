@@ -222,6 +222,15 @@ struct RunOptions {
   std::function<void(const Membership&)> on_join;
 };
 
+// Joins kolorun's first round and initialises the default runtime for it,
+// as run() would first: so that a program can ask kolo::rank()/size(),
+// broadcast and build its optimizer before run(), as Horovod's hvd.init()
+// allows under `horovodrun --min-np`. run() then trains in that round
+// first, without joining again (pass it the same options). Outside elastic
+// mode it is kolo::init(options.init). ContractError if the default runtime
+// is already initialised.
+void init(const RunOptions& options = {});
+
 // Runs `train` elastically. Outside elastic mode (no KOLO_ELASTIC=1) it
 // initialises the default runtime if needed and calls `train` once. In elastic
 // mode it joins kolorun's rendezvous, initialises the default runtime for the
@@ -230,6 +239,8 @@ struct RunOptions {
 // the last commit, syncs, runs the reset callbacks and calls `train` again.
 // Returns when `train` returns (the default runtime is still initialised:
 // the caller shuts it down). ContractErrors propagate (a bug is not a fault).
+// In elastic mode the default runtime must not be initialised when run() is
+// called, unless elastic::init() initialised it (ContractError otherwise).
 void run(State& state, const std::function<void()>& train, const RunOptions& options = {});
 
 }  // namespace kolo::elastic
