@@ -55,11 +55,8 @@ std::string broadcast_from_root(const std::function<std::string()>& produce, int
                                 const SetPosition& position, const std::string& name,
                                 const CallOptions& options);
 
-// Every rank reports the outcome of a local step ("" = success). If any rank
-// failed, every rank throws ContractError naming the failed ranks and their
-// messages, so that no rank carries on alone. One allgather, "<name>.status".
-void agree_on_outcome(const std::string& local_error, const std::string& op,
-                      const std::string& name, const CallOptions& options);
+// Public in kolo/torch/tensor.h; named here too for the frontend's sources.
+using kolo::agree_on_outcome;
 
 // The training position in an archive, under the keys "state/..." (epoch,
 // step, seed, sampler_epoch, sampler_next_index, extras/count,

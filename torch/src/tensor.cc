@@ -437,6 +437,38 @@ c10::IValue broadcast_object(const c10::IValue& value, const std::string& name,
   return result;
 }
 
+std::string broadcast_from_root(const std::function<std::string()>& produce,
+                                const std::string& name, const TensorOpOptions& options) {
+  check_name(name, "kolo::broadcast_from_root");
+  Engine& engine = engine_of(options);
+  const detail::SetPosition position =
+      detail::set_position(engine, options.process_set, name, options);
+  return detail::broadcast_from_root(produce, options.root, position, name, options);
+}
+
+std::vector<std::string> allgather_bytes(const std::string& bytes, const std::string& name,
+                                         const CallOptions& options) {
+  TensorOpOptions o;
+  static_cast<CallOptions&>(o) = options;
+  TensorHandle handle = allgather_async(detail::bytes_tensor(bytes), name, o);
+  const torch::Tensor all = handle.wait(options.timeout);
+  const char* data = static_cast<const char*>(all.data_ptr());
+  std::vector<std::string> out;
+  int64_t offset = 0;
+  for (int64_t rows : handle.received_splits()) {
+    out.emplace_back(data + offset, static_cast<size_t>(rows));
+    offset += rows;
+  }
+  return out;
+}
+
+void barrier(const CallOptions& options) {
+  TensorOpOptions o;
+  static_cast<CallOptions&>(o) = options;
+  o.op = ReduceOp::kSum;
+  allreduce_(torch::zeros({1}, torch::kByte), "kolo.barrier", o);
+}
+
 // --- Internal helpers -------------------------------------------------------
 
 namespace detail {
@@ -534,36 +566,25 @@ std::string broadcast_from_root(const std::function<std::string()>& produce, int
   throw ContractError(text);
 }
 
+}  // namespace detail
+
 void agree_on_outcome(const std::string& local_error, const std::string& op,
                       const std::string& name, const CallOptions& options) {
-  Engine& engine = engine_of(options);
-  TensorOpOptions o;
-  static_cast<CallOptions&>(o) = options;
-  o.engine = &engine;
-  // Each rank contributes a status byte and its error text; the rows per rank
-  // tell the messages apart.
-  const std::string mine = (local_error.empty() ? "+" : "-") + local_error;
-  torch::Tensor in = torch::empty({static_cast<int64_t>(mine.size())}, torch::kByte);
-  std::memcpy(in.data_ptr(), mine.data(), mine.size());
-  TensorHandle handle = allgather_async(in, name + ".status", o);
-  torch::Tensor all = handle.wait(options.timeout);
-  const std::vector<int64_t> rows = handle.received_splits();
-  const char* data = static_cast<const char*>(all.data_ptr());
+  // Each rank contributes a status byte and its error text.
+  const std::vector<std::string> outcomes =
+      allgather_bytes((local_error.empty() ? "+" : "-") + local_error, name + ".status", options);
   // Ranks that failed with the same message are named together.
   std::vector<std::pair<std::string, std::vector<size_t>>> failures;
-  int64_t offset = 0;
-  for (size_t r = 0; r < rows.size(); ++r) {
-    if (rows[r] > 0 && data[offset] == '-') {
-      std::string message(data + offset + 1, static_cast<size_t>(rows[r] - 1));
-      auto same = std::find_if(failures.begin(), failures.end(),
-                               [&](const auto& f) { return f.first == message; });
-      if (same == failures.end()) {
-        failures.push_back({std::move(message), {r}});
-      } else {
-        same->second.push_back(r);
-      }
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    if (outcomes[r].empty() || outcomes[r][0] != '-') continue;
+    std::string message = outcomes[r].substr(1);
+    auto same = std::find_if(failures.begin(), failures.end(),
+                             [&](const auto& f) { return f.first == message; });
+    if (same == failures.end()) {
+      failures.push_back({std::move(message), {r}});
+    } else {
+      same->second.push_back(r);
     }
-    offset += rows[r];
   }
   if (failures.empty()) return;
   std::string text = op + " failed";
@@ -574,7 +595,5 @@ void agree_on_outcome(const std::string& local_error, const std::string& op,
   }
   throw ContractError(text);
 }
-
-}  // namespace detail
 
 }  // namespace kolo

@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -167,6 +168,34 @@ std::string broadcast_bytes(const std::string& bytes, const std::string& name,
 // torch::serialize::OutputArchive).
 c10::IValue broadcast_object(const c10::IValue& value, const std::string& name,
                              const TensorOpOptions& options = {});
+
+// Root (options.root, a rank of the set) runs `produce`; its bytes reach
+// every rank of the set, which do not call `produce`. If `produce` throws
+// on root, the error reaches every rank instead: root rethrows its own
+// exception, the others throw the same kind (ContractError or RuntimeFault)
+// with root's message. One request named "<name>" (see broadcast_bytes),
+// plus "<name>.members" on a process set other than 0.
+std::string broadcast_from_root(const std::function<std::string()>& produce,
+                                const std::string& name, const TensorOpOptions& options = {});
+
+// Every rank's `bytes`, in rank order of the process set (one allgather
+// named "<name>"; the sizes may differ per rank).
+std::vector<std::string> allgather_bytes(const std::string& bytes, const std::string& name,
+                                         const CallOptions& options = {});
+
+// --- Agreement --------------------------------------------------------------
+
+// Every rank reports the outcome of a local step ("" = success). If any rank
+// failed, every rank throws ContractError naming the failed ranks and their
+// messages ("<op> failed on rank 1: ..."), so that no rank carries on alone.
+// One allgather, "<name>.status".
+void agree_on_outcome(const std::string& local_error, const std::string& op,
+                      const std::string& name, const CallOptions& options = {});
+
+// Returns once every rank of options.process_set has called barrier(): a
+// one-byte allreduce named "kolo.barrier", negotiated by the engine like any
+// request (so a rank that never arrives is reported by the stall inspector).
+void barrier(const CallOptions& options = {});
 
 }  // namespace kolo
 #pragma GCC visibility pop
