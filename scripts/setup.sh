@@ -15,6 +15,8 @@ packages=(
   gnuplot-nox                        # kolo-bench scaling --plot
   libopenblas0-pthread               # libtorch otherwise uses the reference BLAS
   libtorch-dev                       # the libtorch frontend (torch/, kolo_torch)
+  python3-torch python3-dev pybind11-dev  # the Python frontend (python/, kolo.torch)
+  python3-pytest                     # its tests (tests/python)
   dataset-fashion-mnist              # examples/fashion_mnist's data
   iproute2 openssh-server openssh-client  # scripts/test_hosts.sh: namespaces, sshd, ssh
 )
