@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kolo/core/dtype.h"
+
 namespace kolo::python {
 
 namespace py = pybind11;
@@ -26,6 +28,10 @@ void bind_collectives(py::module_& m);
 void bind_elastic(py::module_& m);
 void bind_optimizer(py::module_& m);
 void bind_sampler(py::module_& m);
+
+// Horovod's op values (Average 0, Sum 1, Adasum 2, Min 3, Max 4, Product 5)
+// as kolo's ReduceOp; ContractError for Adasum (not supported) and others.
+ReduceOp reduce_op(int op);
 
 // A Python exception raised inside a callback that C++ called (an elastic
 // train function, a state's serialiser) becomes the kolo error it stands for

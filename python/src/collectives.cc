@@ -100,30 +100,6 @@ class Handle {
   bool finished_ = false;
 };
 
-ReduceOp reduce_op(int op) {
-  // Horovod's numbering (horovod/common/basics.py): Average 0, Sum 1,
-  // Adasum 2, Min 3, Max 4, Product 5.
-  switch (op) {
-    case 0:
-      return ReduceOp::kAverage;
-    case 1:
-      return ReduceOp::kSum;
-    case 3:
-      return ReduceOp::kMin;
-    case 4:
-      return ReduceOp::kMax;
-    case 5:
-      return ReduceOp::kProduct;
-    case 2:
-      throw ContractError(
-          "kolo.torch: op=Adasum is not supported by kolo; use Average (the default) or Sum");
-    default:
-      break;
-  }
-  throw ContractError("kolo.torch: op=" + std::to_string(op) +
-                      " is not a reduction; use kolo.torch.Average, Sum, Min, Max or Product");
-}
-
 TensorOpOptions options_for(int process_set, int op = 0, double prescale = 1.0,
                             double postscale = 1.0, int root = 0) {
   TensorOpOptions o;
@@ -149,6 +125,30 @@ void check_group(const std::vector<torch::Tensor>& tensors, const char* op) {
 }
 
 }  // namespace
+
+ReduceOp reduce_op(int op) {
+  // Horovod's numbering (horovod/common/basics.py): Average 0, Sum 1,
+  // Adasum 2, Min 3, Max 4, Product 5.
+  switch (op) {
+    case 0:
+      return ReduceOp::kAverage;
+    case 1:
+      return ReduceOp::kSum;
+    case 3:
+      return ReduceOp::kMin;
+    case 4:
+      return ReduceOp::kMax;
+    case 5:
+      return ReduceOp::kProduct;
+    case 2:
+      throw ContractError(
+          "kolo.torch: op=Adasum is not supported by kolo; use Average (the default) or Sum");
+    default:
+      break;
+  }
+  throw ContractError("kolo.torch: op=" + std::to_string(op) +
+                      " is not a reduction; use kolo.torch.Average, Sum, Min, Max or Product");
+}
 
 void bind_collectives(py::module_& m) {
   py::class_<Handle>(m, "Handle",

@@ -13,6 +13,8 @@
 // MembershipChanged the round it announces.
 #include "kolo/core/errors.h"
 
+#include <pybind11/stl.h>
+
 #include <exception>
 #include <string>
 #include <vector>

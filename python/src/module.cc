@@ -14,4 +14,5 @@ PYBIND11_MODULE(_kolo, m) {
   kolo::python::bind_collectives(m);
   kolo::python::bind_elastic(m);
   kolo::python::bind_sampler(m);
+  kolo::python::bind_optimizer(m);
 }

@@ -109,3 +109,18 @@ def test_unpicklable_object_raises_on_every_rank(world):
     if world.rank() != 0:
         assert "root rank 0" in str(raised.value)
     expect_next_call_works(world)
+
+
+def test_a_wait_that_times_out_raises_timeout_error_and_the_request_goes_on(world):
+    me = world.rank()
+    if me == 0:
+        handle = hvd.allreduce_async(torch.ones(2), name="late", op=hvd.Sum)
+        with pytest.raises(kolo.TimeoutError) as raised:
+            handle.wait(timeout_seconds=0.05)  # the others submit "late" after the barrier
+        assert isinstance(raised.value, kolo.RuntimeFault)
+        assert raised.value.failed_ranks == []
+        world.barrier()
+    else:
+        world.barrier()
+        handle = hvd.allreduce_async(torch.ones(2), name="late", op=hvd.Sum)
+    assert torch.equal(hvd.synchronize(handle), torch.full((2,), float(world.size())))
