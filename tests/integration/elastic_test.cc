@@ -207,6 +207,29 @@ TEST(Elastic, KillOneOfThreeWorkersTrainingCompletes) {
   expect_all_gone(journals);
 }
 
+// The same with kolo::elastic::init() before run() (Horovod's hvd.init() at
+// the top of an elastic script): run() trains in the round init() joined, and
+// the survivors re-form as before.
+TEST(Elastic, KillOneOfThreeAfterInitBeforeRunTrainingCompletes) {
+  const TempDir temp("kolo-elastic");
+  const std::string& dir = temp.path();
+  RunResult r =
+      run_kolorun(concat({"-np", "3", "--min-np", "2", "--cooldown", "60"},
+                         concat(worker_args(dir), {"--kill", "2@10", "--init-first", "1"})),
+                  seconds(60));
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "round 2: 2 workers (ids 0,1)")) << r.err;
+  expect_matches_reference(r);
+  auto journals = read_journals(dir);
+  ASSERT_EQ(journals.size(), 3u);
+  // Round 1 was joined once, by init(): every survivor started training in it.
+  EXPECT_EQ(journals[0].starts.front().round, 1);
+  EXPECT_EQ(journals[0].starts.back().size, 2);
+  expect_sample_accounting(journals, 1);
+  expect_all_gone(journals);
+}
+
 // A member that dies after kolorun published a round and before it built the
 // round's communicators (docs/elastic.md, "A member lost between rounds"):
 // kolorun marks the round failed, and the members waiting for the dead one in

@@ -24,7 +24,9 @@
 // and, once continued, blocks forever in pause(): it never joins), --stop-at
 // ID@STEP (worker ID stops itself with SIGSTOP before global step STEP: a
 // frozen member), --hang-at ID@STEP (worker ID blocks forever in pause()
-// before global step STEP: a member stuck in a system call).
+// before global step STEP: a member stuck in a system call). --init-first 1
+// calls kolo::elastic::init() before run() (Horovod's hvd.init() at the top of
+// an elastic script), so that run() trains in the round init() joined.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -66,6 +68,7 @@ struct Args {
   std::vector<long> stuck_before_join;                // worker ids
   std::vector<std::pair<long, int>> stops;            // worker id, global step
   std::vector<std::pair<long, int>> hangs;            // worker id, global step
+  bool init_first = false;
 };
 
 std::pair<long, int> id_at_step(const std::string& flag, const std::string& value);
@@ -113,6 +116,8 @@ Args parse(int argc, char** argv) {
       a.stops.push_back(id_at_step(flag, value));
     } else if (flag == "--hang-at") {
       a.hangs.push_back(id_at_step(flag, value));
+    } else if (flag == "--init-first") {
+      a.init_first = value == "1";
     } else if (flag == "--rogue-at") {
       a.rogue_step = std::stoi(value);
     } else {
@@ -228,6 +233,7 @@ int main(int argc, char** argv) {
     }
   };
   try {
+    if (args.init_first) kolo::elastic::init(run_options);
     kolo::elastic::run(
         state,
         [&] {
