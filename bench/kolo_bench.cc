@@ -116,8 +116,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cnn", "mlp"}));
   scaling_sub->add_option("--systems", scaling.systems, "systems to measure")
       ->delimiter(',')
-      ->check(CLI::IsMember({"kolo", "kolo_balanced", "independent", "libtorch_1thread",
-                             "libtorch_2threads", "c10d_gloo", "pytorch_ddp"}));
+      ->check(CLI::IsMember({"kolo", "kolo_python", "kolo_balanced", "independent",
+                             "libtorch_1thread", "libtorch_2threads", "c10d_gloo", "pytorch_ddp"}));
   scaling_sub->add_option("--workers", scaling.workers, "worker counts")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
@@ -150,11 +150,15 @@ int main(int argc, char** argv) {
                           "rewrite the scaling section of this markdown file");
   scaling_sub->add_option("--plot", scaling.plot_path,
                           "write a PNG of images/sec and efficiency against workers (gnuplot)");
-  scaling_sub->add_option("--ddp-script", scaling.ddp_script, "path of bench/ddp_baseline.py");
+  scaling_sub->add_option("--python-worker", scaling.python_worker,
+                          "path of bench/scaling_worker.py (pytorch_ddp and kolo_python)");
+  scaling_sub->add_option("--python-path", scaling.python_path,
+                          "PYTHONPATH holding kolo.torch for kolo_python (default: the build "
+                          "tree's python/)");
   scaling_sub->add_option("--kolorun", scaling.kolorun, "path of kolorun");
   scaling_sub
       ->add_option("--python", scaling.python,
-                   "interpreter with PyTorch for the pytorch_ddp baseline")
+                   "interpreter with PyTorch for pytorch_ddp and kolo_python")
       ->capture_default_str();
   // The hidden worker mode the driver starts.
   scaling_sub->add_flag("--worker", scaling_is_worker)->group("");

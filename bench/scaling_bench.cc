@@ -179,10 +179,13 @@ double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
-bool python_torch_available(const std::string& python) {
+// Whether `python` (with PYTHONPATH=`python_path` when given) imports `module`.
+bool python_imports(const std::string& python, const std::string& module,
+                    const std::string& python_path = "") {
   // From "/": the repository's torch/ directory would shadow the package.
+  const std::string env = python_path.empty() ? "" : "PYTHONPATH='" + python_path + "' ";
   const std::string check =
-      "cd / && '" + python + "' -c 'import torch.distributed' >/dev/null 2>&1";
+      "cd / && " + env + "'" + python + "' -c 'import " + module + "' >/dev/null 2>&1";
   return std::system(check.c_str()) == 0;
 }
 
@@ -197,9 +200,12 @@ class Driver {
  public:
   explicit Driver(const ScalingOptions& options) : options_(options), self_(self_path("scaling")) {
     kolorun_ = kolorun_path(options.kolorun, "scaling");
-    ddp_script_ = options.ddp_script.empty()
-                      ? std::string(KOLO_SOURCE_DIR) + "/bench/ddp_baseline.py"
-                      : options.ddp_script;
+    python_worker_ = options.python_worker.empty()
+                         ? std::string(KOLO_SOURCE_DIR) + "/bench/scaling_worker.py"
+                         : options.python_worker;
+    python_path_ = options.python_path.empty()
+                       ? (fs::path(self_).parent_path().parent_path() / "python").string()
+                       : options.python_path;
     char templ[] = "/tmp/kolo-scaling-XXXXXX";
     if (!mkdtemp(templ)) throw RuntimeFault("kolo-bench scaling: mkdtemp failed");
     scratch_ = templ;
@@ -210,15 +216,26 @@ class Driver {
   }
 
   std::vector<Config> configs(std::vector<std::string>* notes) {
-    const bool have_python = python_torch_available(options_.python);
-    if (!have_python && std::find(options_.systems.begin(), options_.systems.end(),
-                                  "pytorch_ddp") != options_.systems.end())
+    auto wanted = [&](const std::string& system) {
+      return std::find(options_.systems.begin(), options_.systems.end(), system) !=
+             options_.systems.end();
+    };
+    const bool have_python = python_imports(options_.python, "torch.distributed");
+    const bool have_kolo_python =
+        have_python && python_imports(options_.python, "kolo.torch", python_path_);
+    if (!have_python && wanted("pytorch_ddp"))
       notes->push_back("pytorch_ddp: not measured (" + options_.python +
                        " cannot import torch: apt-get install python3-torch, or pass --python)");
+    if (!have_kolo_python && wanted("kolo_python"))
+      notes->push_back("kolo_python: not measured (" + options_.python +
+                       " cannot import kolo.torch from " + python_path_ +
+                       ": build kolo with python3-torch, pybind11-dev and python3-dev, or pass "
+                       "--python-path)");
     std::vector<Config> list;
     for (const std::string& model : options_.models) {
       for (const std::string& system : options_.systems) {
         if (system == "pytorch_ddp" && !have_python) continue;
+        if (system == "kolo_python" && !have_kolo_python) continue;
         if (system == "libtorch_1thread" || system == "libtorch_2threads") {
           list.push_back({model, system, 1, system == "libtorch_2threads" ? 2 : 1});
           continue;
@@ -267,15 +284,34 @@ class Driver {
       if (options_.bucket_bytes >= 0)
         c.argv.insert(c.argv.end(), {"--bucket-bytes", std::to_string(options_.bucket_bytes)});
       commands.push_back(c);
-    } else if (config.system == "pytorch_ddp") {
-      const std::string port = std::to_string(free_port());
-      for (int r = 0; r < config.workers; ++r) {
-        Command c{{options_.python, ddp_script_, "--model", config.model, "--steps",
-                   std::to_string(options_.steps), "--warmup-steps",
-                   std::to_string(options_.warmup_steps), "--threads", threads, "--batch-size",
-                   std::to_string(batch), "--data-dir", options_.data_dir},
+    } else if (config.system == "kolo_python" || config.system == "pytorch_ddp") {
+      // Both Python systems run bench/scaling_worker.py, the same loop and
+      // models: kolo's under kolorun, DDP's ranks started here.
+      const bool kolo = config.system == "kolo_python";
+      std::vector<std::string> python_args = {
+          options_.python,  python_worker_,
+          "--system",       kolo ? "kolo" : "ddp",
+          "--model",        config.model,
+          "--steps",        std::to_string(options_.steps),
+          "--warmup-steps", std::to_string(options_.warmup_steps),
+          "--threads",      threads,
+          "--batch-size",   std::to_string(batch),
+          "--data-dir",     options_.data_dir};
+      if (options_.synthetic) python_args.push_back("--synthetic");
+      if (kolo && options_.bucket_bytes >= 0)
+        python_args.insert(python_args.end(),
+                           {"--bucket-bytes", std::to_string(options_.bucket_bytes)});
+      if (kolo) {
+        Command c{{kolorun_, "-np", std::to_string(config.workers), "--job-timeout",
+                   std::to_string(options_.config_timeout_s)},
                   thread_env};
-        if (options_.synthetic) c.argv.push_back("--synthetic");
+        c.argv.insert(c.argv.end(), python_args.begin(), python_args.end());
+        c.env.emplace_back("PYTHONPATH", python_path_);
+        commands.push_back(c);
+      }
+      const std::string port = std::to_string(free_port());
+      for (int r = 0; !kolo && r < config.workers; ++r) {
+        Command c{python_args, thread_env};
         c.env.insert(c.env.end(), {{"RANK", std::to_string(r)},
                                    {"WORLD_SIZE", std::to_string(config.workers)},
                                    {"MASTER_ADDR", "127.0.0.1"},
@@ -334,7 +370,8 @@ class Driver {
   ScalingOptions options_;
   std::string self_;
   std::string kolorun_;
-  std::string ddp_script_;
+  std::string python_worker_;
+  std::string python_path_;
   std::string scratch_;
 };
 
@@ -441,6 +478,8 @@ int run_scaling_bench(const ScalingOptions& options) {
     const bool oversubscribed = static_cast<unsigned>(c.workers * c.threads) > cores;
     std::string note = oversubscribed ? "oversubscribed" : "";
     if (c.system == "kolo") note += std::string(note.empty() ? "" : ", ") + "DistributedOptimizer";
+    if (c.system == "kolo_python")
+      note += std::string(note.empty() ? "" : ", ") + "hvd.DistributedOptimizer (Python)";
     if (c.system == "kolo_balanced" && !m.batches.empty())
       note +=
           std::string(note.empty() ? "" : ", ") + "BatchBalancer, images/step by rank " + m.batches;
@@ -495,6 +534,9 @@ int run_scaling_bench(const ScalingOptions& options) {
     ratio("kolo_balanced x2 / kolo x2", "kolo_balanced", 2, "kolo", 2);
     ratio("kolo x2 / c10d_gloo x2", "kolo", 2, "c10d_gloo", 2);
     ratio("kolo x2 / pytorch_ddp x2", "kolo", 2, "pytorch_ddp", 2);
+    ratio("kolo_python x2 / kolo x2", "kolo_python", 2, "kolo", 2);
+    ratio("kolo_python x2 / pytorch_ddp x2", "kolo_python", 2, "pytorch_ddp", 2);
+    ratio("kolo_python x1 / kolo x1", "kolo_python", 1, "kolo", 1);
     ratio("independent x2 / independent x1", "independent", 2, "independent", 1);
     // Synchronous data parallelism runs at its slowest worker's pace: when the
     // cores differ in speed (this VM's two do, by ~20%), the sum of the

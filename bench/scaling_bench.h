@@ -15,6 +15,9 @@
 // Systems (each worker computes with --threads threads, 1 by default):
 //   kolo               N workers under kolorun, kolo::DistributedOptimizer, equal
 //                      per-worker batches
+//   kolo_python        the same through kolo's Python frontend: N Python processes
+//                      under kolorun, hvd.DistributedOptimizer (bench/scaling_worker.py
+//                      --system kolo); only when python3 can import kolo.torch
 //   kolo_balanced      the same with kolo::BatchBalancer: the same global batch split
 //                      by each worker's measured speed (kolo/core/batch_balancer.h)
 //   independent        N processes training alone, no gradient exchange: the ceiling.
@@ -26,7 +29,7 @@
 //   c10d_gloo          N processes, c10d ProcessGroupGloo (libtorch_cpu), FileStore
 //                      rendezvous, allreduce of every gradient after backward()
 //   pytorch_ddp        N Python processes, DistributedDataParallel (gloo), from
-//                      bench/ddp_baseline.py; only when python3 can import torch
+//                      bench/scaling_worker.py; only when python3 can import torch
 #pragma once
 
 #include <cstdint>
@@ -37,9 +40,9 @@ namespace kolo::bench {
 
 struct ScalingOptions {
   std::vector<std::string> models = {"cnn", "mlp"};
-  std::vector<std::string> systems = {
-      "kolo",          "kolo_balanced", "independent", "libtorch_1thread",
-      "libtorch_2threads", "c10d_gloo",   "pytorch_ddp"};
+  std::vector<std::string> systems = {"kolo",        "kolo_python",      "kolo_balanced",
+                                      "independent", "libtorch_1thread", "libtorch_2threads",
+                                      "c10d_gloo",   "pytorch_ddp"};
   std::vector<int> workers = {1, 2, 4};
   int steps = 50;          // timed steps per worker
   int warmup_steps = 5;    // untimed steps first
@@ -56,10 +59,11 @@ struct ScalingOptions {
   std::string docs_path;
   std::string plot_path;
   std::string command_line;
-  std::string ddp_script;  // default: <source dir>/bench/ddp_baseline.py
+  std::string python_worker;  // default: <source dir>/bench/scaling_worker.py
+  std::string python_path;    // kolo_python's PYTHONPATH; default: <build dir>/python
   std::string kolorun;     // default: <build dir>/launcher/kolorun
   // Debian's interpreter, where python3-torch lives (a pyenv python3 earlier
-  // in PATH has no torch).
+  // in PATH has no torch); pytorch_ddp and kolo_python run on it.
   std::string python = "/usr/bin/python3";
 };
 

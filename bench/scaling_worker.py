@@ -1,19 +1,30 @@
 #!/usr/bin/env python3
-"""PyTorch DDP baseline of `kolo-bench scaling` (Debian's python3-torch 1.13).
+"""The Python workers of `kolo-bench scaling` (Debian's python3-torch 1.13).
 
-Trains the same two models as the C++ workers (bench/scaling_models.h) with
-DistributedDataParallel on the gloo backend and prints one JSON line per rank:
-{"rank", "world", "threads", "images_per_sec", "step_ms"}.
+Trains the same two models as the C++ workers (bench/scaling_models.h) and
+prints one JSON line per rank: {"rank", "world", "threads", "batch",
+"images_per_sec", "step_ms"}. Two systems:
+
+  --system ddp    PyTorch DistributedDataParallel on the gloo backend
+                  (the `pytorch_ddp` rows)
+  --system kolo   kolo's Python frontend: hvd.DistributedOptimizer under
+                  kolorun (the `kolo_python` rows), written as a Horovod
+                  user writes it
 
 Debian's torchrun fails on Python 3.11 (AttributeError inside the elastic
-agent), so start every rank by hand:
+agent), so DDP's ranks are started by hand:
 
   RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
-      python3 bench/ddp_baseline.py --model cnn &
+      python3 bench/scaling_worker.py --model cnn &
   RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
-      python3 bench/ddp_baseline.py --model cnn
+      python3 bench/scaling_worker.py --model cnn
 
-Without WORLD_SIZE (or with 1) it trains alone, with no process group.
+and kolo's by kolorun:
+
+  PYTHONPATH=build/python build/launcher/kolorun -np 2 /usr/bin/python3 \
+      bench/scaling_worker.py --system kolo --model cnn
+
+Without WORLD_SIZE (or with 1) a ddp worker trains alone, with no process group.
 """
 import argparse
 import gzip
@@ -75,11 +86,11 @@ def read_idx(path, magic, dims):
         with gzip.open(path, "rb") as f:
             data = f.read()
     except OSError as e:
-        sys.exit(f"ddp_baseline: cannot read {path}: {e} "
+        sys.exit(f"scaling_worker: cannot read {path}: {e} "
                  "(apt-get install dataset-fashion-mnist, or pass --data-dir)")
     header = struct.unpack(">" + "I" * (1 + dims), data[:4 * (1 + dims)])
     if header[0] != magic:
-        sys.exit(f"ddp_baseline: {path}: bad magic {header[0]:#x}, expected {magic:#x}")
+        sys.exit(f"scaling_worker: {path}: bad magic {header[0]:#x}, expected {magic:#x}")
     body = torch.frombuffer(bytearray(data[4 * (1 + dims):]), dtype=torch.uint8)
     return body.reshape(header[1:])
 
@@ -96,31 +107,44 @@ def load(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--system", choices=["ddp", "kolo"], default="ddp")
     parser.add_argument("--model", choices=["cnn", "mlp"], default="cnn")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--warmup-steps", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=None,
                         help="per rank (default 64 for the CNN, 16 for the MLP)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--bucket-bytes", type=int, default=-1,
+                        help="kolo: DistributedOptimizer's bucket size; < 0 = kolo's default")
     parser.add_argument("--synthetic", action="store_true")
     parser.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     args = parser.parse_args()
     batch = args.batch_size or (64 if args.model == "cnn" else 16)
 
     torch.set_num_threads(args.threads)
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.system == "kolo":
+        import kolo.torch as hvd
+        hvd.init()
+        rank, world = hvd.rank(), hvd.size()
+    else:
+        rank = int(os.environ.get("RANK", "0"))
+        world = int(os.environ.get("WORLD_SIZE", "1"))
     images, labels = load(args)
 
     torch.manual_seed(42)
     model = Cnn() if args.model == "cnn" else Mlp()
-    if world > 1:
+    if args.system == "ddp" and world > 1:
         dist.init_process_group("gloo", rank=rank, world_size=world)
         model = nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's weights
     if args.model == "cnn":
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     else:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    if args.system == "kolo":
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        bucket = None if args.bucket_bytes < 0 else args.bucket_bytes / (1024 * 1024)
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                             bucket_cap_mb=bucket)
     torch.manual_seed(1000 + rank)
     model.train()
 
@@ -135,23 +159,25 @@ def main():
         y = labels[start:start + batch]
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x), y)
-        loss.backward()  # DDP's reducer allreduces buckets during backward
+        loss.backward()  # DDP's reducer / kolo's hooks exchange buckets during backward
         optimizer.step()
 
     for _ in range(args.warmup_steps):
         train_step()
-    if world > 1:
+    if args.system == "ddp" and world > 1:
         dist.barrier()
     start = time.perf_counter()
     for _ in range(args.steps):
         train_step()
     elapsed = time.perf_counter() - start
-    print(json.dumps({"rank": rank, "world": world, "threads": args.threads,
+    print(json.dumps({"rank": rank, "world": world, "threads": args.threads, "batch": batch,
                       "images_per_sec": args.steps * batch / elapsed,
                       "step_ms": 1000.0 * elapsed / args.steps}), flush=True)
-    if world > 1:
+    if args.system == "ddp" and world > 1:
         dist.barrier()
         dist.destroy_process_group()
+    if args.system == "kolo":
+        hvd.shutdown()
 
 
 if __name__ == "__main__":
