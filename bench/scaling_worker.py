@@ -27,10 +27,8 @@ and kolo's by kolorun:
 Without WORLD_SIZE (or with 1) a ddp worker trains alone, with no process group.
 """
 import argparse
-import gzip
 import json
 import os
-import struct
 import sys
 import time
 
@@ -43,26 +41,11 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-
-class Cnn(nn.Module):
-    """The seed's Keras CNN, as in scaling_models.h."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3)
-        self.conv2 = nn.Conv2d(32, 64, 3)
-        self.fc1 = nn.Linear(64 * 12 * 12, 128)
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x):
-        x = F.relu(self.conv1(x))
-        x = F.relu(self.conv2(x))
-        x = F.max_pool2d(x, 2)
-        x = F.dropout(x, 0.25, self.training)
-        x = x.flatten(1)
-        x = F.relu(self.fc1(x))
-        x = F.dropout(x, 0.5, self.training)
-        return self.fc2(x)
+# The CNN and the data reader are the Python examples' (as the C++ workers
+# use examples/fashion_mnist's).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "examples", "python"))
+from fashion_mnist_common import Net as Cnn, fashion_mnist_uint8  # noqa: E402
 
 
 class Mlp(nn.Module):
@@ -81,28 +64,12 @@ class Mlp(nn.Module):
         return self.fc3(x)
 
 
-def read_idx(path, magic, dims):
-    try:
-        with gzip.open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        sys.exit(f"scaling_worker: cannot read {path}: {e} "
-                 "(apt-get install dataset-fashion-mnist, or pass --data-dir)")
-    header = struct.unpack(">" + "I" * (1 + dims), data[:4 * (1 + dims)])
-    if header[0] != magic:
-        sys.exit(f"scaling_worker: {path}: bad magic {header[0]:#x}, expected {magic:#x}")
-    body = torch.frombuffer(bytearray(data[4 * (1 + dims):]), dtype=torch.uint8)
-    return body.reshape(header[1:])
-
-
 def load(args):
     if args.synthetic:
         torch.manual_seed(7)
         return (torch.randint(0, 256, (4096, 1, 28, 28), dtype=torch.uint8),
                 torch.randint(0, 10, (4096,), dtype=torch.long))
-    images = read_idx(os.path.join(args.data_dir, "train-images-idx3-ubyte.gz"), 0x803, 3)
-    labels = read_idx(os.path.join(args.data_dir, "train-labels-idx1-ubyte.gz"), 0x801, 1)
-    return images.unsqueeze(1), labels.long()
+    return fashion_mnist_uint8(args.data_dir, "train")
 
 
 def main():

@@ -14,17 +14,15 @@ the workers while backward() runs, so all of them keep the same weights and
 together train one model on a global batch of workers x --batch-size images.
 """
 import argparse
-import gzip
 import os
-import struct
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.data.distributed
 
 import kolo.torch as hvd
+from fashion_mnist_common import Net, fashion_mnist
 
 parser = argparse.ArgumentParser(description="Fashion-MNIST, Horovod-style")
 parser.add_argument("--epochs", type=int, default=2)
@@ -39,46 +37,6 @@ parser.add_argument("--gradient-predivide-factor", type=float, default=1.0)
 parser.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
 parser.add_argument("--train-subset", type=int, default=0, help="0 = all 60000 images")
 parser.add_argument("--test-subset", type=int, default=0, help="0 = all 10000 images")
-
-
-class Net(nn.Module):
-    """The seed's Keras CNN: Conv2D(32, 3x3, ReLU) -> Conv2D(64, 3x3, ReLU) ->
-    MaxPool(2x2) -> Dropout(0.25) -> Flatten -> Dense(128, ReLU) -> Dropout(0.5)
-    -> Dense(10). 1.2 M parameters."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3)
-        self.conv2 = nn.Conv2d(32, 64, 3)
-        self.fc1 = nn.Linear(64 * 12 * 12, 128)
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x):  # (B, 1, 28, 28) in [0, 1]
-        x = F.relu(self.conv1(x))  # (B, 32, 26, 26)
-        x = F.relu(self.conv2(x))  # (B, 64, 24, 24)
-        x = F.max_pool2d(x, 2)  # (B, 64, 12, 12)
-        x = F.dropout(x, 0.25, self.training)
-        x = torch.flatten(x, 1)  # (B, 9216)
-        x = F.relu(self.fc1(x))  # (B, 128)
-        x = F.dropout(x, 0.5, self.training)
-        return self.fc2(x)  # (B, 10) logits
-
-
-def read_idx(path, dims):
-    """An IDX file (the MNIST format) as a uint8 tensor."""
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    header = struct.unpack(">" + "I" * (1 + dims), data[:4 * (1 + dims)])
-    return torch.frombuffer(bytearray(data[4 * (1 + dims):]), dtype=torch.uint8).reshape(header[1:])
-
-
-def fashion_mnist(data_dir, split, subset):
-    """(images as float (N, 1, 28, 28) in [0, 1], labels) of 'train' or 't10k'."""
-    images = read_idx(os.path.join(data_dir, f"{split}-images-idx3-ubyte.gz"), 3)
-    labels = read_idx(os.path.join(data_dir, f"{split}-labels-idx1-ubyte.gz"), 1).long()
-    if subset:
-        images, labels = images[:subset], labels[:subset]
-    return torch.utils.data.TensorDataset(images.unsqueeze(1).float().div_(255), labels)
 
 
 def metric_average(value, name):

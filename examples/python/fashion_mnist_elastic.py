@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import kolo.torch as hvd
-from fashion_mnist import Net, fashion_mnist
+from fashion_mnist_common import Net, fashion_mnist
 
 parser = argparse.ArgumentParser(description="Fashion-MNIST, elastic, Horovod-style")
 parser.add_argument("--epochs", type=int, default=2)

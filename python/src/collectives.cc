@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -111,17 +112,21 @@ TensorOpOptions options_for(int process_set, int op = 0, double prescale = 1.0,
   return o;
 }
 
-// "<base>.<i>" for the tensors of a grouped request.
-std::vector<std::string> group_names(const std::string& base, size_t n) {
-  std::vector<std::string> names;
-  for (size_t i = 0; i < n; ++i) names.push_back(base + "." + std::to_string(i));
-  return names;
-}
-
-void check_group(const std::vector<torch::Tensor>& tensors, const char* op) {
+// A grouped request: tensor i goes to the engine as "<name>.<i>" through
+// `submit` (with the GIL released), and one Handle waits for all of them.
+using SubmitOne = std::function<TensorHandle(const torch::Tensor&, const std::string&)>;
+Handle submit_group(const std::vector<torch::Tensor>& tensors, const py::object& name,
+                    const char* op, const SubmitOne& submit) {
   if (tensors.empty()) {
     throw ContractError(std::string("kolo.torch.") + op + ": the list of tensors is empty");
   }
+  const std::string base = request_name(name, op);
+  py::gil_scoped_release release;
+  std::vector<TensorHandle> parts;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    parts.push_back(submit(tensors[i], base + "." + std::to_string(i)));
+  }
+  return Handle(std::move(parts), Handle::Result::kList);
 }
 
 }  // namespace
@@ -175,17 +180,10 @@ void bind_collectives(py::module_& m) {
       "grouped_allreduce_async",
       [](const std::vector<torch::Tensor>& tensors, const py::object& name, int op, double prescale,
          double postscale, int process_set, bool in_place) {
-        check_group(tensors, "grouped_allreduce");
-        const std::vector<std::string> names =
-            group_names(request_name(name, "grouped_allreduce"), tensors.size());
         const TensorOpOptions o = options_for(process_set, op, prescale, postscale);
-        py::gil_scoped_release release;
-        std::vector<TensorHandle> parts;
-        for (size_t i = 0; i < tensors.size(); ++i) {
-          parts.push_back(in_place ? allreduce_async_(tensors[i], names[i], o)
-                                   : allreduce_async(tensors[i], names[i], o));
-        }
-        return Handle(std::move(parts), Handle::Result::kList);
+        return submit_group(tensors, name, "grouped_allreduce", [&](auto& t, auto& n) {
+          return in_place ? allreduce_async_(t, n, o) : allreduce_async(t, n, o);
+        });
       },
       py::arg("tensors"), py::arg("name"), py::arg("op"), py::arg("prescale"), py::arg("postscale"),
       py::arg("process_set"), py::arg("in_place"));
@@ -203,16 +201,9 @@ void bind_collectives(py::module_& m) {
   m.def(
       "grouped_allgather_async",
       [](const std::vector<torch::Tensor>& tensors, const py::object& name, int process_set) {
-        check_group(tensors, "grouped_allgather");
-        const std::vector<std::string> names =
-            group_names(request_name(name, "grouped_allgather"), tensors.size());
         const TensorOpOptions o = options_for(process_set);
-        py::gil_scoped_release release;
-        std::vector<TensorHandle> parts;
-        for (size_t i = 0; i < tensors.size(); ++i) {
-          parts.push_back(allgather_async(tensors[i], names[i], o));
-        }
-        return Handle(std::move(parts), Handle::Result::kList);
+        return submit_group(tensors, name, "grouped_allgather",
+                            [&](auto& t, auto& n) { return allgather_async(t, n, o); });
       },
       py::arg("tensors"), py::arg("name"), py::arg("process_set"));
 
@@ -259,16 +250,9 @@ void bind_collectives(py::module_& m) {
       "grouped_reducescatter_async",
       [](const std::vector<torch::Tensor>& tensors, const py::object& name, int op, double prescale,
          double postscale, int process_set) {
-        check_group(tensors, "grouped_reducescatter");
-        const std::vector<std::string> names =
-            group_names(request_name(name, "grouped_reducescatter"), tensors.size());
         const TensorOpOptions o = options_for(process_set, op, prescale, postscale);
-        py::gil_scoped_release release;
-        std::vector<TensorHandle> parts;
-        for (size_t i = 0; i < tensors.size(); ++i) {
-          parts.push_back(reducescatter_async(tensors[i], names[i], o));
-        }
-        return Handle(std::move(parts), Handle::Result::kList);
+        return submit_group(tensors, name, "grouped_reducescatter",
+                            [&](auto& t, auto& n) { return reducescatter_async(t, n, o); });
       },
       py::arg("tensors"), py::arg("name"), py::arg("op"), py::arg("prescale"), py::arg("postscale"),
       py::arg("process_set"));
