@@ -208,6 +208,42 @@ TEST_P(TorchCollectives, BroadcastOfBytesAndObjects) {
   });
 }
 
+TEST_P(TorchCollectives, AllgatherOfBytesBarrierAndBroadcastFromRoot) {
+  const int n = world();
+  run_with_engines(n, [&](int rank, Engine& engine) {
+    auto o = on(engine);
+    // Every rank's bytes, of a different length each (rank 0's empty).
+    const std::vector<std::string> all = allgather_bytes(
+        std::string(static_cast<size_t>(rank), '\0') + (rank ? "x" : ""), "bytes.all", o);
+    ASSERT_EQ(all.size(), static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(all[r], std::string(static_cast<size_t>(r), '\0') + (r ? "x" : ""));
+    }
+    barrier(o);
+    // Only root produces; its bytes reach everyone.
+    o.root = n - 1;
+    bool produced = false;
+    const std::string got = broadcast_from_root(
+        [&] {
+          produced = true;
+          return std::string("from root");
+        },
+        "from_root", o);
+    EXPECT_EQ(got, "from root");
+    EXPECT_EQ(produced, rank == n - 1);
+    // Root's failure reaches every rank as the same kind of error.
+    const std::string message = error_of([&] {
+      broadcast_from_root([]() -> std::string { throw ContractError("no state to send"); },
+                          "failing", o);
+    });
+    EXPECT_NE(message.find("no state to send"), std::string::npos) << message;
+    if (rank != n - 1) {
+      EXPECT_NE(message.find("reported by root rank " + std::to_string(n - 1)), std::string::npos)
+          << message;
+    }
+  });
+}
+
 TEST_P(TorchCollectives, ProcessSetsIncludingReducescatterMembership) {
   const int n = world();
   if (n < 2) GTEST_SKIP() << "a proper subset needs two ranks";
