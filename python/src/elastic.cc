@@ -98,6 +98,9 @@ void bind_elastic(py::module_& m) {
       .def_property_readonly("round", &elastic::State::round);
 
   m.def(
+      "elastic_mode", [] { return elastic::Rendezvous::enabled(process_env()); },
+      "Whether kolorun started this process in elastic mode (KOLO_ELASTIC=1).");
+  m.def(
       "elastic_run",
       [](elastic::State& state, const py::function& train) {
         // Every call of `train` after the first is a new runtime, and so is

@@ -9,7 +9,14 @@ new one. Such objects register here and implement two methods:
 
 Rebinding happens in creation order, which is the same on every rank, so
 the collective checks inside line up.
+
+Under kolorun's elastic mode, objects built outside ``elastic.run`` bind at
+the start of each world inside it instead: a worker that joins a running job
+builds its objects before run() while the others are in run()'s sync of the
+state, and collective construction there would wait for ranks that wait for
+it (Horovod's rule: no collectives outside the elastic function).
 """
+import contextlib
 import weakref
 
 from kolo import _kolo
@@ -17,6 +24,7 @@ from kolo.torch import process_sets
 
 _bound = []
 _generation = None  # the runtime the objects and process sets belong to
+_in_elastic_run = False  # inside elastic.run's function
 
 
 def register(obj):
@@ -34,19 +42,37 @@ def generation():
     return _kolo.runtime_generation()
 
 
+def binding_deferred():
+    """Whether objects built now wait for elastic.run to bind them."""
+    return not _in_elastic_run and _kolo.elastic_mode()
+
+
 def sync_with_runtime():
-    """Call when a runtime may have started (init(), each elastic round): if it
-    is a new one, process sets of the old one are gone and bound objects are
-    rebuilt on the new engine (collective: every rank calls this alike)."""
+    """Call when a runtime may have started (init(), each elastic world): if it
+    is a new one, process sets of the old one are gone; objects not bound to
+    it are built on its engine (collective: every rank calls this alike)."""
     global _generation
     current = generation()
-    if current == _generation:
+    if current != _generation:
+        _generation = current
+        process_sets._after_shutdown()
+        process_sets._after_init()
+    if binding_deferred():
         return
-    _generation = current
-    process_sets._after_shutdown()
-    process_sets._after_init()
     for obj in _live():
-        obj._kolo_rebind()
+        obj._kolo_rebind()  # does nothing if bound to this runtime
+
+
+@contextlib.contextmanager
+def elastic_world():
+    """Inside elastic.run's function: objects bind as they are built."""
+    global _in_elastic_run
+    _in_elastic_run = True
+    try:
+        sync_with_runtime()
+        yield
+    finally:
+        _in_elastic_run = False
 
 
 def stopping():

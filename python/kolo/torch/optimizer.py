@@ -39,15 +39,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                   gradient_predivide_factor=gradient_predivide_factor,
                                   process_set=_set_id(process_set), bucket_bytes=bucket_bytes,
                                   name_prefix="grad/")
-        self._kolo_named, error = _optimizer_order(self.param_groups, named_parameters)
-        # A naming problem on one rank must not leave the others in the
-        # collective construction below: every rank learns of it.
-        _kolo.agree_on_outcome(error, "kolo.torch.DistributedOptimizer",
-                               "DistributedOptimizer.names", self._kolo_options["process_set"])
+        self._kolo_named, self._kolo_naming_error = _optimizer_order(self.param_groups,
+                                                                     named_parameters)
         self._should_synchronize = True
         self._synchronized = False
         self._kolo_exchange = None
-        self._kolo_rebind()
+        self._kolo_generation = None
+        if not _lifecycle.binding_deferred():
+            self._kolo_rebind()
+        # Registered once built (a construction that failed is not rebuilt later).
         _lifecycle.register(self)
 
     # --- binding to the runtime's engine (kolo.torch._lifecycle)
@@ -56,6 +56,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._kolo_exchange is not None and self._kolo_generation == _lifecycle.generation():
             return
         self._kolo_exchange = None
+        # A naming problem on one rank must not leave the others in the
+        # collective construction below: every rank learns of it.
+        _kolo.agree_on_outcome(self._kolo_naming_error, "kolo.torch.DistributedOptimizer",
+                               "DistributedOptimizer.names", self._kolo_options["process_set"])
         self._kolo_exchange = _kolo.GradientExchange(self._kolo_named, **self._kolo_options)
         self._kolo_generation = _lifecycle.generation()
         self._synchronized = False
@@ -66,6 +70,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _kolo_pipeline(self):
         if self._kolo_exchange is None:
+            if _lifecycle.binding_deferred():
+                raise ContractError(
+                    "kolo.torch.DistributedOptimizer: under kolorun's elastic mode its gradient "
+                    "exchange is built when hvd.elastic.run starts; train inside the function "
+                    "it runs")
             raise ContractError(
                 "kolo.torch.DistributedOptimizer: kolo was shut down; its gradient exchange "
                 "comes back with the next init()")

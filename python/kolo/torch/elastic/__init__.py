@@ -219,11 +219,12 @@ def run(func):
         result = []
 
         def train():
-            # A new world: process sets and DistributedOptimizers of the old
-            # one are rebuilt on this world's engine (collective, every rank).
-            _lifecycle.sync_with_runtime()
+            # DistributedOptimizers built outside run(), or for an earlier
+            # world, are built on this world's engine first (collective,
+            # every rank alike); process sets of an earlier world are gone.
             try:
-                result.append(func(state, *args, **kwargs))
+                with _lifecycle.elastic_world():
+                    result.append(func(state, *args, **kwargs))
             except (RuntimeFault, MembershipChanged):
                 _lifecycle.stopping()  # the runtime goes next: unhook first
                 raise
