@@ -169,7 +169,11 @@ void run(State& state, const std::function<void()>& train, const RunOptions& opt
       // everyone takes rank 0's, which kolorun makes the oldest member.
       state.restore();
       state.sync(0);
-      if (was_member) state.run_reset_callbacks();
+      // In every world after the job's first, on every member: newcomers
+      // received rank 0's state as it was before its callbacks ran, so
+      // world-dependent settings (a learning rate scaled by size()) are
+      // derived alike everywhere.
+      if (was_member || worker->round() > 1) state.run_reset_callbacks();
       was_member = true;
       train();
       state.attach(nullptr, 0);

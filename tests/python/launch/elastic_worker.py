@@ -3,13 +3,17 @@
 TorchState, ElasticSampler, DistributedOptimizer and hvd.elastic.run.
 
 Fault injection: ``--kill ID@STEP`` makes the worker with KOLO_WORKER_ID ID
-SIGKILL itself before its global step STEP. Every worker appends what it does
+SIGKILL itself before its global step STEP. Growth: ``--grow FILE@STEP@TEXT``
+makes rank 0 write TEXT into FILE (what the discovery script prints) before
+global step STEP, and ``--until-size N`` keeps training past --epochs until
+the world has N workers (a newcomer's Python start-up takes seconds). Every worker appends what it does
 to <journal>/worker<ID>: "step <epoch> <batch> <round> <size> <rank> <sample,...>"
 per step and "done" at the end; rank 0 prints "final_w=<w0,w1,...>".
 """
 import argparse
 import os
 import signal
+import time
 
 import torch
 
@@ -21,11 +25,15 @@ parser.add_argument("--samples", type=int, default=96)
 parser.add_argument("--batch", type=int, default=4)
 parser.add_argument("--commit-every", type=int, default=3)
 parser.add_argument("--kill", default="")
+parser.add_argument("--grow", default="")
+parser.add_argument("--until-size", type=int, default=0)
+parser.add_argument("--step-ms", type=int, default=0)
 parser.add_argument("--journal", required=True)
 args = parser.parse_args()
 
 worker_id = int(os.environ.get("KOLO_WORKER_ID", "0"))
 kill_id, kill_step = (int(v) for v in args.kill.split("@")) if args.kill else (-1, -1)
+grow_file, grow_step, grow_text = args.grow.split("@") if args.grow else ("", "-1", "")
 journal = open(os.path.join(args.journal, f"worker{worker_id}"), "a", buffering=1)
 
 hvd.init()
@@ -41,7 +49,9 @@ torch.manual_seed(0)
 model = torch.nn.Linear(4, 1).double()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05 * hvd.size())
 optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+# No collectives out here (Horovod's rule for elastic scripts): a worker that
+# joins later would run them while the others sync the state inside run().
+# run() gives every worker rank 0's state before training.
 
 sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=11)
 loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch, sampler=sampler)
@@ -53,7 +63,7 @@ def on_state_reset():
         group["lr"] = 0.05 * hvd.size()
 
 
-state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
+state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, grown_at=-1)
 state.register_reset_callbacks([on_state_reset])
 global_step = 0
 
@@ -62,10 +72,23 @@ global_step = 0
 def train(state):
     global global_step
     loss = None
-    while state.epoch < args.epochs:
+    def more_epochs():
+        # --until-size: the epoch in which the world has grown, and one more
+        # whole one (the growth may come with the epoch's last commit). Every
+        # rank decides alike: the state and the world size are the same.
+        if args.until_size and hvd.size() >= args.until_size and state.grown_at < 0:
+            state.grown_at = state.epoch
+        growing = args.until_size and (state.grown_at < 0 or state.epoch <= state.grown_at + 1)
+        return state.epoch < args.epochs or (growing and state.epoch < 100)
+
+    while more_epochs():
         for batch_idx, (index, x, y) in enumerate(loader):
             if worker_id == kill_id and global_step == kill_step:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if hvd.rank() == 0 and global_step == int(grow_step):
+                with open(grow_file, "w") as hosts:
+                    hosts.write(grow_text + "\n")
+            time.sleep(args.step_ms / 1000.0)
             global_step += 1
             optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
@@ -81,7 +104,7 @@ def train(state):
         state.batch = 0
         sampler.set_epoch(state.epoch)
         state.commit()
-    return loss.item()
+    return float("nan") if loss is None else loss.item()  # None: no step in this world
 
 
 final_loss = train(state)

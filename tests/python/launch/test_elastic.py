@@ -60,3 +60,35 @@ def test_one_of_three_workers_killed_mid_epoch_training_completes():
         runs = collections.Counter((e, b, r) for (e, b, r, _, _) in steps[0])
         redone = len({(e, b) for (e, b, r) in runs}) - len(runs)
         assert -redone <= COMMIT_EVERY, runs
+
+
+def test_a_worker_offered_by_discovery_joins_a_running_job():
+    with tempfile.TemporaryDirectory(prefix="kolo-python-elastic-") as journal:
+        hosts = os.path.join(journal, "hosts")
+        with open(hosts, "w") as f:
+            f.write("localhost:2\n")
+        discover = os.path.join(journal, "discover.sh")
+        with open(discover, "w") as f:
+            f.write(f"#!/bin/sh\ncat {hosts}\n")
+        os.chmod(discover, 0o755)
+        records = os.path.join(journal, "records")
+        os.mkdir(records)
+        # Rank 0 offers a third slot before step 4; the two keep training
+        # until the newcomer (a fresh Python process) is in the world.
+        result = run_kolorun(["--host-discovery-script", discover, "--discovery-interval", "0.05",
+                              "--min-np", "2", "--max-np", "3",
+                              sys.executable, os.path.join(HERE, "elastic_worker.py"),
+                              "--epochs", "1", "--samples", str(SAMPLES), "--batch", str(BATCH),
+                              "--commit-every", str(COMMIT_EVERY), "--step-ms", "20",
+                              "--grow", f"{hosts}@4@localhost:3", "--until-size", "3",
+                              "--journal", records])
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "round 1: 2 workers" in result.stderr, result.stderr
+        assert "round 2: 3 workers (ids 0,1,2); workers joining" in result.stderr, result.stderr
+        steps, done = journal_steps(records)
+        assert done == {0, 1, 2}
+        # The newcomer trained in the world of 3 (at least one whole epoch of
+        # 8 steps), from the state it received.
+        assert len(steps[2]) >= SAMPLES // (3 * BATCH), steps[2]
+        assert all(size == 3 for (_, _, _, size, _) in steps[2]), steps[2]
+        assert {size for (_, _, _, size, _) in steps[0]} == {2, 3}

@@ -139,7 +139,9 @@ class State {
   // runtime's world (a no-op in a world of one). Collective.
   void sync(int root = 0);
   // Called by run() after the world was re-formed and the state synced, e.g.
-  // to rescale the learning rate or re-shard the sampler.
+  // to rescale the learning rate or re-shard the sampler: in every world
+  // after the job's first, on every member (a newcomer too, since the state
+  // it received is rank 0's from before rank 0's callbacks ran).
   void on_reset(std::function<void()> callback);
   void run_reset_callbacks();
   // Makes `bytes` (what committed() returned, or the file commit_path holds)
