@@ -27,6 +27,7 @@ void bind_runtime(py::module_& m);
 void bind_collectives(py::module_& m);
 void bind_elastic(py::module_& m);
 void bind_optimizer(py::module_& m);
+void bind_zero(py::module_& m);
 void bind_sampler(py::module_& m);
 
 // Horovod's op values (Average 0, Sum 1, Adasum 2, Min 3, Max 4, Product 5)

@@ -15,4 +15,5 @@ PYBIND11_MODULE(_kolo, m) {
   kolo::python::bind_elastic(m);
   kolo::python::bind_sampler(m);
   kolo::python::bind_optimizer(m);
+  kolo::python::bind_zero(m);
 }

@@ -22,6 +22,7 @@ from kolo.torch.functions import (  # noqa: F401
     broadcast_parameters,
 )
 from kolo.torch.optimizer import DistributedOptimizer  # noqa: F401
+from kolo.torch.zero import ZeroOptimizer  # noqa: F401
 from kolo.torch.mpi_ops import (  # noqa: F401
     Adasum,
     Average,

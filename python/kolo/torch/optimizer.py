@@ -183,8 +183,20 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if groups is not None or num_groups:
         warnings.warn("kolo.torch.DistributedOptimizer: num_groups/groups are ignored; kolo "
                       "fuses gradients in buckets (bucket_cap_mb)")
-    bucket_bytes = -1 if bucket_cap_mb is None else int(bucket_cap_mb * 1024 * 1024)
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               dict(_DistributedOptimizer.__dict__))
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               op, gradient_predivide_factor, process_set, bucket_bytes)
+    return wrap_optimizer(optimizer, _DistributedOptimizer, named_parameters, compression,
+                          backward_passes_per_step, op, gradient_predivide_factor, process_set,
+                          bucket_bytes_of(bucket_cap_mb))
+
+
+def bucket_bytes_of(bucket_cap_mb):
+    """The C++ options' bucket_bytes for a size in MiB (-1: the C++ default)."""
+    return -1 if bucket_cap_mb is None else int(bucket_cap_mb * 1024 * 1024)
+
+
+def wrap_optimizer(optimizer, methods, *args):
+    """Horovod's way of wrapping: an instance of a subclass of the optimizer's own
+    class (so isinstance checks, LR schedulers and state_dict() keep working)
+    with the methods of ``methods``, built on the optimizer's parameter groups;
+    ``methods.__init__`` receives them and ``args``."""
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(methods.__dict__))
+    return cls(optimizer.param_groups, *args)
