@@ -37,6 +37,43 @@ foreach(tool kolorun kolo-bench kolo-zero-consolidate)
   endif()
 endforeach()
 
+# kolo.torch (python/): the package and its extension into the interpreter's
+# site-packages for the prefix, component Python (not in the Debian packages yet).
+if(TARGET kolo_python_extension)
+  # KOLO_PYTHON_INSTALL_DIR (relative to the install prefix) defaults to where
+  # KOLO_PYTHON looks for that prefix: Debian's lib/python3/dist-packages for
+  # /usr (the .deb), lib/python3.X/dist-packages for /usr/local, and
+  # lib/python3.X/site-packages elsewhere (add it to PYTHONPATH).
+  if(NOT KOLO_PYTHON_INSTALL_DIR)
+    execute_process(
+      COMMAND ${KOLO_PYTHON} -c [=[
+import sys, sysconfig
+prefix = sys.argv[1].rstrip("/") or "/"
+version = "%d.%d" % sys.version_info[:2]
+if prefix == "/usr" and "deb_system" in sysconfig.get_scheme_names():
+    print("lib/python3/dist-packages")
+elif prefix == "/usr/local" and "posix_local" in sysconfig.get_scheme_names():
+    print("lib/python%s/dist-packages" % version)
+else:
+    print("lib/python%s/site-packages" % version)
+]=] ${CMAKE_INSTALL_PREFIX}
+      WORKING_DIRECTORY /
+      OUTPUT_VARIABLE KOLO_PYTHON_INSTALL_DIR_DEFAULT
+      OUTPUT_STRIP_TRAILING_WHITESPACE)
+    set(KOLO_PYTHON_INSTALL_DIR ${KOLO_PYTHON_INSTALL_DIR_DEFAULT} CACHE STRING
+        "Where cmake --install puts the kolo package, relative to the install prefix")
+  endif()
+  # The extension finds libkolo_torch and libkolo_core relative to itself.
+  file(RELATIVE_PATH KOLO_PYTHON_TO_LIBDIR
+       /prefix/${KOLO_PYTHON_INSTALL_DIR}/kolo /prefix/${CMAKE_INSTALL_LIBDIR})
+  set_target_properties(kolo_python_extension PROPERTIES
+    INSTALL_RPATH "$ORIGIN/${KOLO_PYTHON_TO_LIBDIR}")
+  install(TARGETS kolo_python_extension
+          LIBRARY DESTINATION ${KOLO_PYTHON_INSTALL_DIR}/kolo COMPONENT Python)
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/kolo DESTINATION ${KOLO_PYTHON_INSTALL_DIR}
+          COMPONENT Python FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
+endif()
+
 configure_package_config_file(cmake/kolo-config.cmake.in
   ${PROJECT_BINARY_DIR}/kolo-config.cmake INSTALL_DESTINATION ${KOLO_INSTALL_CMAKEDIR})
 # 0.x: a minor release may change the API, so 0.2 accepts 0.2.* only.
