@@ -31,17 +31,10 @@ namespace {
 namespace zt = zero_testing;
 namespace ot = optimizer_testing;
 using testing::run_with_engines;
+using zt::factory_options;
 
 constexpr int kWorld = 2;
 constexpr int64_t kRows = 4;  // per rank and step
-
-ParallelOptimizerOptions factory_options(int stage, Engine& engine) {
-  ParallelOptimizerOptions o;
-  o.zero_stage = stage;
-  o.engine = &engine;
-  o.timeout = testing::kTorchTimeout;
-  return o;
-}
 
 LossScalerOptions scaler_options(Engine& engine) {
   LossScalerOptions o;

@@ -30,17 +30,10 @@ namespace {
 namespace zt = zero_testing;
 namespace ot = optimizer_testing;
 using testing::run_with_engines;
+using zt::factory_options;
 
 constexpr int kSteps = 3;
 constexpr int64_t kRowsPerPass = 3;  // per rank
-
-ParallelOptimizerOptions factory_options(int stage, Engine& engine) {
-  ParallelOptimizerOptions o;
-  o.zero_stage = stage;
-  o.engine = &engine;
-  o.timeout = testing::kTorchTimeout;
-  return o;
-}
 
 struct TrainingRun {
   int world = 2;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kolo/torch/optimizer_factory.h"
 #include "kolo/torch/zero.h"
 #include "torch_harness.h"
 
@@ -79,6 +80,15 @@ inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(Kind kind,
 inline ZeroOptions zero_options(int stage, Engine& engine) {
   ZeroOptions o;
   o.stage = stage;
+  o.engine = &engine;
+  o.timeout = testing::kTorchTimeout;
+  return o;
+}
+
+// make_parallel_optimizer's options for `stage` on `engine`, with the tests' timeout.
+inline ParallelOptimizerOptions factory_options(int stage, Engine& engine) {
+  ParallelOptimizerOptions o;
+  o.zero_stage = stage;
   o.engine = &engine;
   o.timeout = testing::kTorchTimeout;
   return o;
