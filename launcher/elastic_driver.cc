@@ -63,7 +63,9 @@ std::string check_elastic_options(const LaunchOptions& options,
 }
 
 struct ElasticDriver::Impl {
-  enum class Phase { kStarting, kWaiting, kMember, kExited };
+  // kEvicted: SIGKILLed for not coming back to a failed round, not reaped
+  // yet (it still holds its slot; it is in no round and waits for none).
+  enum class Phase { kStarting, kWaiting, kMember, kEvicted, kExited };
   struct Worker {
     int64_t id = 0;
     std::string host;
@@ -73,7 +75,6 @@ struct ElasticDriver::Impl {
     bool member_when_exited = false;
     int status = 0;
     bool stop_sent = false;
-    bool evicted = false;         // SIGKILLed for not rejoining a failed round
     std::vector<int64_t> rounds;  // the rounds it was published in, oldest first
   };
   // The current round after a member left it with a fault (a join request
@@ -272,25 +273,36 @@ struct ElasticDriver::Impl {
       if (w.phase == Phase::kStarting) {
         w.phase = Phase::kWaiting;
         if (options.verbose) log(describe(w) + " is ready to join");
-      } else if (w.phase == Phase::kMember && after >= round && !w.evicted) {
-        // A member of the current round left it without a death kolorun saw:
-        // a fault (a timeout, a lost connection, a stalled peer). Gather the
-        // round's live members before re-forming (decide()).
-        const std::string why =
-            describe(w) + " left round " + std::to_string(round) + ": " + reason;
-        if (!gathering) {
-          gathering = Gathering{Clock::now(), why, {}, {}, restarts};
-          if (options.verbose) log(why);
-        }
-        gathering->rejoined.insert(w.id);
+      } else if (w.phase == Phase::kMember) {
+        std::vector<int64_t> named;
         std::istringstream ids(suspects);
         for (std::string id; std::getline(ids, id, ',');) {
           try {
-            gathering->suspects.insert(std::stoll(id));
+            named.push_back(std::stoll(id));
           } catch (const std::exception&) {
             // not a worker id: no suspect
           }
         }
+        // A member of the current round left it without a death kolorun saw:
+        // a fault (a timeout, a lost connection, a stalled peer). So did one
+        // that left an older round naming a member of the current one (the
+        // current round was published, e.g. to grow, while that member
+        // stalled): the current round cannot form either. Gather its live
+        // members before re-forming (decide()).
+        const bool current = after >= round;
+        const bool names_member = std::any_of(named.begin(), named.end(), [&](int64_t id) {
+          return id != w.id && id >= 0 && id < static_cast<int64_t>(workers.size()) &&
+                 workers[static_cast<size_t>(id)].phase == Phase::kMember;
+        });
+        if (!current && !names_member) continue;  // a round kolorun has already left behind
+        const std::string why =
+            describe(w) + " left round " + std::to_string(current ? round : after) + ": " + reason;
+        if (!gathering) {
+          gathering = Gathering{Clock::now(), why, {}, {}, restarts};
+          if (options.verbose) log(why);
+        }
+        if (current) gathering->rejoined.insert(w.id);
+        gathering->suspects.insert(named.begin(), named.end());
         mark_failed(w, why);
       }
     }
@@ -325,7 +337,7 @@ struct ElasticDriver::Impl {
     store->set("elastic/latest", to_bytes(std::to_string(round)));
     for (int64_t id : members) {
       Worker& w = workers[static_cast<size_t>(id)];
-      if (alive(w)) w.phase = Phase::kWaiting;
+      if (w.phase == Phase::kMember) w.phase = Phase::kWaiting;
     }
     members = ids;
     for (int64_t id : ids) {
@@ -353,7 +365,7 @@ struct ElasticDriver::Impl {
     std::vector<int64_t> ids;
     for (int64_t id : members) {
       const Worker& w = workers[static_cast<size_t>(id)];
-      if (alive(w) && !w.evicted && gathering->rejoined.count(id) == 0) ids.push_back(id);
+      if (w.phase == Phase::kMember && gathering->rejoined.count(id) == 0) ids.push_back(id);
     }
     return ids;
   }
@@ -400,7 +412,7 @@ struct ElasticDriver::Impl {
   // SIGKILLs a member that did not come back to a failed round: it counts as
   // a failed worker (a restart; its host is set aside), as a dead one does.
   void evict(Worker& w, const std::string& why) {
-    w.evicted = true;
+    w.phase = Phase::kEvicted;
     w.stop_sent = true;  // its exit is not a second failure
     pool.kill(static_cast<int>(w.id));
     ++restarts;
@@ -429,7 +441,7 @@ struct ElasticDriver::Impl {
     std::vector<int64_t> ids;
     for (int64_t id : members) {
       const Worker& w = workers[static_cast<size_t>(id)];
-      if (alive(w) && !w.evicted) ids.push_back(id);
+      if (w.phase == Phase::kMember) ids.push_back(id);
     }
     for (const auto& w : workers) {
       if (w.phase == Phase::kWaiting && std::find(ids.begin(), ids.end(), w.id) == ids.end()) {

@@ -15,6 +15,8 @@ namespace kolo::launcher {
 namespace {
 
 const char* kHostListForm = "write host:slots entries separated by commas, e.g. -H a:2,b:2";
+// Most slots one host may offer (keeps sums of slots within an int).
+constexpr long kMaxSlots = 1000000;
 
 std::string lower(std::string text) {
   for (auto& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -47,9 +49,13 @@ std::vector<HostSlots> parse_host_list(const std::string& text) {
       errno = 0;
       char* end = nullptr;
       long value = std::strtol(slots.c_str(), &end, 10);
-      if (*end != '\0' || errno != 0 || value > INT_MAX / 2) {
+      if (*end != '\0' || (errno != 0 && errno != ERANGE)) {
         throw UsageError(where + "has slot count '" + slots + "', not a whole number; " +
                          kHostListForm);
+      }
+      if (errno == ERANGE || value > kMaxSlots) {
+        throw UsageError(where + "has slot count " + slots + ": too large; at most " +
+                         std::to_string(kMaxSlots) + " slots per host");
       }
       if (value < 1) {
         throw UsageError(where + "has " + slots +
@@ -59,6 +65,12 @@ std::vector<HostSlots> parse_host_list(const std::string& text) {
     }
     if (bracketed && host.name.back() == ']') host.name = host.name.substr(1, host.name.size() - 2);
     if (host.name.empty()) throw UsageError(where + "has no host name; " + kHostListForm);
+    if (!bracketed && host.name.find(':') != std::string::npos) {
+      // "localhost:2:3", or an IPv6 address without brackets.
+      throw UsageError(where +
+                       "has more than one ':'; write host:slots (an IPv6 address in "
+                       "brackets, e.g. [::1]:2)");
+    }
     for (const auto& other : hosts) {
       if (lower(other.name) == lower(host.name)) {
         throw UsageError("-H '" + text + "': host '" + host.name +

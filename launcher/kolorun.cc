@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iostream>
@@ -124,6 +125,17 @@ std::function<void(const std::string&)> store_reporter(const std::string& prefix
       // stderr closed: nothing else to tell
     }
   };
+}
+
+// Prints the job's report (and incomplete --output-dir logs, which make an
+// otherwise successful job fail, as tee does); returns kolorun's exit code.
+int report(const Outcome& outcome, const OutputRouter& output) {
+  if (!outcome.report.empty()) std::cerr << outcome.report << std::endl;
+  const std::string lost = output.log_failures();
+  if (lost.empty()) return outcome.exit_code;
+  std::cerr << lost << (outcome.exit_code == 0 ? "; the workers themselves succeeded" : "")
+            << std::endl;
+  return outcome.exit_code == 0 ? 1 : outcome.exit_code;
 }
 
 // A fresh per-job secret for the rendezvous: 256 random bits as 64 hex digits.
@@ -241,12 +253,21 @@ int launch_elastic(const LaunchOptions& options) {
     outcome = driver.run();
   }
   close(signal_fd);
-  if (!outcome.report.empty()) std::cerr << outcome.report << std::endl;
-  return outcome.exit_code;
+  return report(outcome, *output);
 }
 
 int launch(const LaunchOptions& options) {
   if (options.elastic()) return launch_elastic(options);
+  if (std::getenv("KOLO_JOB_SECRET") != nullptr) {
+    // kolorun makes the secret of its store itself when the store needs one
+    // (other hosts take part). A worker holding a stray one waits for a
+    // handshake that an unauthenticated store never sends: every rank would
+    // hang for --timeout.
+    std::cerr << "kolorun: KOLO_JOB_SECRET is set, but kolorun makes its store's secret itself "
+                 "(elastic mode, or other hosts); the workers do not get this one"
+              << std::endl;
+    unsetenv("KOLO_JOB_SECRET");
+  }
   PlanContext context;
   context.hostname = this_hostname();
   context.path = process_parent_env()("PATH").value_or("/usr/local/bin:/usr/bin:/bin");
@@ -332,8 +353,7 @@ int launch(const LaunchOptions& options) {
     outcome = supervisor.run();
   }
   close(signal_fd);
-  if (!outcome.report.empty()) std::cerr << outcome.report << std::endl;
-  return outcome.exit_code;
+  return report(outcome, *output);
 }
 
 int run(int argc, char** argv) {
@@ -341,6 +361,9 @@ int run(int argc, char** argv) {
   sigset_t signals = handled_signals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a closed terminal must not kill the launcher
+  // A file-size limit makes writes to --output-dir logs fail with EFBIG,
+  // which kolorun reports, instead of killing it (spawn.cc resets both).
+  signal(SIGXFSZ, SIG_IGN);
 
   CommandLine command;
   try {

@@ -8,37 +8,68 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 #include "usage_error.h"
+#include "worker_env.h"
 
 namespace kolo::launcher {
 namespace {
 
-int parse_count(const std::string& flag, const std::string& text, const std::string& example) {
+// Most workers, restarts... a flag may ask for (also keeps int arithmetic safe).
+constexpr long kMaxCount = 1000000;
+// Longest time a flag may give, in seconds: beyond it, durations in
+// nanoseconds or milliseconds would overflow (about 31 years).
+constexpr double kMaxSeconds = 1e9;
+
+// A whole number in [min_value, kMaxCount]; `what` says what it counts.
+int parse_whole(const std::string& flag, const std::string& text, long min_value,
+                const std::string& what, const std::string& example) {
   errno = 0;
   char* end = nullptr;
-  long value = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0 || value > 1000000) {
-    throw UsageError(flag + " '" + text + "': expected a whole number of workers (e.g. " + example +
-                     ")");
-  }
-  if (value < 1) {
-    throw UsageError(flag + " " + text + ": the number of workers must be at least 1 (e.g. " +
+  const long value = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || (errno != 0 && errno != ERANGE)) {
+    throw UsageError(flag + " '" + text + "': expected a whole number of " + what + " (e.g. " +
                      example + ")");
+  }
+  if (errno == ERANGE || value > kMaxCount) {
+    throw UsageError(flag + " " + text + ": too large; at most " + std::to_string(kMaxCount) +
+                     " (e.g. " + example + ")");
+  }
+  if (value < min_value) {
+    throw UsageError(flag + " " + text + ": the number of " + what + " must be at least " +
+                     std::to_string(min_value) + " (e.g. " + example + ")");
   }
   return static_cast<int>(value);
 }
 
-double parse_seconds(const std::string& flag, const std::string& text, bool allow_zero) {
+int parse_count(const std::string& flag, const std::string& text, const std::string& example) {
+  return parse_whole(flag, text, 1, "workers", example);
+}
+
+// Seconds in [min_seconds, kMaxSeconds] (0 allowed when allow_zero).
+double parse_seconds(const std::string& flag, const std::string& text, bool allow_zero,
+                     double min_seconds = 0) {
   errno = 0;
   char* end = nullptr;
-  double value = std::strtod(text.c_str(), &end);
-  bool bad = text.empty() || *end != '\0' || errno != 0 || !std::isfinite(value) || value < 0 ||
-             (!allow_zero && value == 0);
+  const double value = std::strtod(text.c_str(), &end);
+  const bool bad = text.empty() || *end != '\0' || errno != 0 || !std::isfinite(value) ||
+                   value < 0 || (!allow_zero && value == 0);
   if (bad) {
     throw UsageError(flag + " '" + text + "': expected a number of seconds " +
                      (allow_zero ? ">= 0" : "> 0") + " (e.g. " + flag + " 60)");
+  }
+  if (value > kMaxSeconds) {
+    throw UsageError(flag + " " + text + ": too large; at most " +
+                     std::to_string(long(kMaxSeconds)) + " seconds");
+  }
+  if (value < min_seconds && !(allow_zero && value == 0)) {
+    char least[32];
+    std::snprintf(least, sizeof(least), "%g", min_seconds);
+    throw UsageError(flag + " " + text +
+                     ": too small; kolo's timeouts count whole milliseconds, give at least " +
+                     least + " (e.g. " + flag + " 60)");
   }
   return value;
 }
@@ -224,9 +255,8 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   if (!min_np_text.empty()) o.min_np = parse_count("--min-np", min_np_text, "--min-np 2");
   if (!max_np_text.empty()) o.max_np = parse_count("--max-np", max_np_text, "--max-np 4");
   if (!max_restarts_text.empty()) {
-    o.max_restarts = max_restarts_text == "0"
-                         ? 0
-                         : parse_count("--max-restarts", max_restarts_text, "--max-restarts 3");
+    o.max_restarts =
+        parse_whole("--max-restarts", max_restarts_text, 0, "restarts", "--max-restarts 3");
   }
   if (!discovery_interval_text.empty()) {
     o.discovery_interval_seconds =
@@ -264,7 +294,9 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     }
   }
   if (o.backend == "auto") o.backend.clear();
-  if (!timeout_text.empty()) o.timeout_seconds = parse_seconds("--timeout", timeout_text, false);
+  if (!timeout_text.empty()) {
+    o.timeout_seconds = parse_seconds("--timeout", timeout_text, false, 0.001);
+  }
   if (!job_timeout_text.empty()) {
     o.job_timeout_seconds = parse_seconds("--job-timeout", job_timeout_text, false);
   }
@@ -274,6 +306,21 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   for (const auto& entry : o.forward_env) {
     if (entry.empty() || entry[0] == '=') {
       throw UsageError("-x '" + entry + "': expected NAME or NAME=VALUE (e.g. -x LD_LIBRARY_PATH)");
+    }
+    // kolorun's own variables would reach a worker twice (C++ getenv sees one
+    // value, Python and sh another) or contradict its placement.
+    const std::string name = entry.substr(0, entry.find('='));
+    for (const auto& [own, meaning] : launcher_variables()) {
+      if (name == own) {
+        throw UsageError("-x " + entry + ": kolorun sets " + name + " itself (" + meaning +
+                         "); leave it out");
+      }
+    }
+    if (name == "KOLO_BACKEND" && !o.backend.empty()) {
+      throw UsageError("-x " + entry + " contradicts --backend " + o.backend + ": give one");
+    }
+    if (name == "KOLO_TIMEOUT_SECONDS" && !timeout_text.empty()) {
+      throw UsageError("-x " + entry + " contradicts --timeout " + timeout_text + ": give one");
     }
   }
   if (o.ssh_command.find_first_not_of(' ') == std::string::npos) {

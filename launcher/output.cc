@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <string>
 #include <system_error>
 
@@ -15,9 +16,9 @@ namespace {
 
 constexpr size_t kMaxLineBytes = 64 * 1024;
 
-// Writes everything, retrying on EINTR/EAGAIN; gives up silently on other errors
-// (a closed terminal or pipe must not stop the job).
-void write_all(int fd, const std::string& text) {
+// Writes everything, retrying on EINTR/EAGAIN. Returns 0, or the errno of the
+// failure (ENOSPC, EFBIG, EPIPE...).
+int write_all(int fd, const std::string& text) {
   size_t done = 0;
   while (done < text.size()) {
     ssize_t n = write(fd, text.data() + done, text.size() - done);
@@ -26,9 +27,10 @@ void write_all(int fd, const std::string& text) {
     } else if (n < 0 && (errno == EINTR || errno == EAGAIN)) {
       if (errno == EAGAIN) usleep(1000);
     } else {
-      return;
+      return n < 0 ? errno : EIO;
     }
   }
+  return 0;
 }
 
 void make_directories(const std::string& path) {
@@ -106,18 +108,30 @@ void OutputRouter::emit(int rank, Stream stream, const std::string& line) {
   auto& state = ranks_[static_cast<size_t>(rank)];
   state.last.push_back({stream, line});
   while (state.last.size() > options_.keep_lines) state.last.pop_front();
-  if (state.log_fd >= 0) write_all(state.log_fd, line + "\n");
+  if (state.log_fd >= 0) {
+    const int error = write_all(state.log_fd, line + "\n");
+    if (error != 0) {
+      // A full disk or a file-size limit: say so at once, and once more in
+      // kolorun's last line (log_failures()); the job itself goes on.
+      state.log_error = std::strerror(error);
+      close(state.log_fd);
+      state.log_fd = -1;
+      (void)write_all(options_.stderr_fd, "kolorun: cannot write " + state.log_path + ": " +
+                                              state.log_error + "; rank " + std::to_string(rank) +
+                                              "'s output from here on is missing from it\n");
+    }
+  }
 
   int fd = stream == Stream::kStdout ? options_.stdout_fd : options_.stderr_fd;
   switch (options_.mode) {
     case OutputMode::kPlain:
-      write_all(fd, line + "\n");
+      (void)write_all(fd, line + "\n");  // a closed terminal must not stop the job
       break;
     case OutputMode::kTag:
-      write_all(fd, output_tag(rank, stream) + line + "\n");
+      (void)write_all(fd, output_tag(rank, stream) + line + "\n");
       break;
     case OutputMode::kRank0Only:
-      if (rank == 0) write_all(fd, line + "\n");
+      if (rank == 0) (void)write_all(fd, line + "\n");
       break;
   }
 }
@@ -132,6 +146,18 @@ std::string OutputRouter::last_line(int rank, Stream* stream) const {
     }
   }
   return "";
+}
+
+std::string OutputRouter::log_failures() const {
+  std::string ranks, first;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (ranks_[r].log_error.empty()) continue;
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    if (first.empty()) first = ranks_[r].log_path + ": " + ranks_[r].log_error;
+  }
+  if (ranks.empty()) return "";
+  return "kolorun: --output-dir: the log files of rank(s) " + ranks + " are incomplete (" + first +
+         ")";
 }
 
 std::string OutputRouter::log_path(int rank) const {

@@ -44,6 +44,10 @@ class OutputRouter {
 
   // The last line `rank` wrote ("" when none) and on which stream.
   std::string last_line(int rank, Stream* stream = nullptr) const;
+  // "" when every log file got all its output; else one line for kolorun's
+  // report naming the ranks whose log files are incomplete and why (a full
+  // disk, a file-size limit). Each failure is also reported when it happens.
+  std::string log_failures() const;
   // Path of the rank's log file, or "" without --output-dir.
   std::string log_path(int rank) const;
   // Where the rank's full output went, completing "its output went to ...".
@@ -59,6 +63,7 @@ class OutputRouter {
     std::deque<Line> last;
     int log_fd = -1;
     std::string log_path;
+    std::string log_error;  // why writing the log file failed ("" = it did not)
   };
   void emit(int rank, Stream stream, const std::string& line);
 

@@ -46,7 +46,8 @@ void close_fd(int& fd) {
   sigset_t empty;
   sigemptyset(&empty);
   sigprocmask(SIG_SETMASK, &empty, nullptr);
-  for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGQUIT}) signal(sig, SIG_DFL);
+  for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGQUIT, SIGXFSZ})
+    signal(sig, SIG_DFL);
 
   int stdin_fd = request.stdin_pipe ? in.read_fd : open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (stdin_fd < 0 || dup2(stdin_fd, 0) < 0 || dup2(out.write_fd, 1) < 0 ||

@@ -31,6 +31,26 @@ const std::vector<std::string>& thread_variables() {
   return names;
 }
 
+const std::vector<std::pair<std::string, std::string>>& launcher_variables() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"KOLO_RANK", "each worker's rank"},
+      {"KOLO_SIZE", "the number of workers"},
+      {"KOLO_LOCAL_RANK", "each worker's index on its host"},
+      {"KOLO_LOCAL_SIZE", "the number of workers on each host"},
+      {"KOLO_CROSS_RANK", "each worker's host index"},
+      {"KOLO_CROSS_SIZE", "the number of hosts"},
+      {"KOLO_STORE_ADDR", "the address of kolorun's store (--store-addr changes it)"},
+      {"KOLO_STORE_PORT", "the port of kolorun's store"},
+      {"KOLO_JOB_ID", "the job's id"},
+      {"KOLO_JOB_SECRET", "the elastic rendezvous's per-job secret"},
+      {"KOLO_ELASTIC", "elastic mode (--min-np, --max-np, --host-discovery-script)"},
+      {"KOLO_WORKER_ID", "each elastic worker's id"},
+      {"KOLO_ELASTIC_HOST", "each elastic worker's host"},
+      {"KOLO_ELASTIC_TIMEOUT_SECONDS", "the elastic join timeout (--elastic-timeout)"},
+  };
+  return names;
+}
+
 int usable_cores() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -101,14 +121,17 @@ std::vector<EnvVar> local_thread_variables(const Placement& placement, const Job
 
 std::vector<std::string> local_worker_environment(const std::vector<std::string>& parent_environ,
                                                   const std::vector<EnvVar>& variables) {
-  std::set<std::string> replaced;
-  for (const auto& [name, value] : variables) replaced.insert(name);
+  std::map<std::string, std::string> last;  // the winning value of each name
+  for (const auto& [name, value] : variables) last[name] = value;
   std::vector<std::string> env;
   for (const auto& entry : parent_environ) {
     std::string name = entry.substr(0, entry.find('='));
-    if (replaced.count(name) == 0) env.push_back(entry);
+    if (last.count(name) == 0) env.push_back(entry);
   }
-  for (const auto& [name, value] : variables) env.push_back(name + "=" + value);
+  std::set<std::string> written;
+  for (const auto& [name, value] : variables) {
+    if (written.insert(name).second) env.push_back(name + "=" + last[name]);
+  }
   return env;
 }
 

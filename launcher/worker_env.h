@@ -19,6 +19,10 @@ ParentEnv process_parent_env();
 // The OpenMP / BLAS thread-count variables kolorun fills in (torchrun sets the first).
 const std::vector<std::string>& thread_variables();
 
+// The variables kolorun itself sets for each worker (placement, rendezvous,
+// elastic mode), with what each one is: -x cannot override them.
+const std::vector<std::pair<std::string, std::string>>& launcher_variables();
+
 struct JobInfo {
   int size = 1;
   std::string store_addr;  // what workers connect to
@@ -62,7 +66,8 @@ std::vector<EnvVar> local_thread_variables(const Placement& placement, const Job
                                            const ParentEnv& parent);
 
 // The whole environment of a local worker as "NAME=VALUE" strings: the parent's
-// environment with kolorun's variables added or replaced.
+// environment with `variables` added or replaced. Each name appears once; of
+// two entries of one name in `variables`, the later wins.
 std::vector<std::string> local_worker_environment(const std::vector<std::string>& parent_environ,
                                                   const std::vector<EnvVar>& variables);
 

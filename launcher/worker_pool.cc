@@ -16,6 +16,8 @@
 #include <iterator>
 #include <sstream>
 
+#include "comm/shm_segment.h"
+
 namespace kolo::launcher {
 namespace {
 
@@ -173,6 +175,9 @@ void WorkerPool::reap() {
       if (workers_[i].process.pid == pid && !workers_[i].exited) index = i;
     }
     const bool ours = index < workers_.size();
+    // A shm rendezvous that a signal interrupted leaves its segment's name
+    // (shm_segment.h); the zombie's pid cannot have been reused yet.
+    if (ours && !workers_[index].remote) kolo::detail::remove_segments_of(pid);
     // A worker's leftovers in its group go with it (spawn.h).
     int status = 0;
     if (!reap_group_leader(pid, ours, &status) || !ours) continue;

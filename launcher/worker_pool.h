@@ -7,7 +7,9 @@
 //    pumps output to the OutputRouter, reaps exited workers and reports each
 //    exit once through the exit callback, and each received signal through
 //    the signal callback. A worker's leftovers in its process group are
-//    SIGKILLed when it exits (spawn.h): no orphans.
+//    SIGKILLed when it exits (spawn.h): no orphans; so are the names of shm
+//    segments a local worker created and a signal kept it from removing
+//    (comm/shm_segment.h).
 //  - stop(id) asks one worker to end: SIGTERM (or the given signal) to its
 //    process group followed by SIGCONT, so that a stopped worker can act on
 //    it; a remote worker's ssh gets end-of-file on its stdin instead

@@ -78,6 +78,22 @@ TEST(KolorunBackendChoice, AutomaticIsShmOnOneHost) {
                       2, "shm");
 }
 
+// A stray KOLO_JOB_SECRET in kolorun's environment (left from an elastic job,
+// say): kolorun's store of a one-host job has no secret, so it is not passed
+// on and kolorun says so. Before, every rank waited out its 60 s timeout for the
+// store's handshake and then blamed an overloaded server.
+TEST(KolorunBackendChoice, AStrayJobSecretIsNotPassedToTheWorkers) {
+  const RunResult r = run_kolorun({"-np", "2", "--timeout", "60", "--tag-output",
+                                   worker_path("kolo_check_worker"), "--counts", "0,1,1000"},
+                                  seconds(40), {"KOLO_JOB_SECRET=0123456789abcdef"});
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_NE(r.err.find("kolorun: KOLO_JOB_SECRET is set, but kolorun makes its store's secret "
+                       "itself"),
+            std::string::npos)
+      << r.err;
+  expect_check_passed(r, 2, "shm");
+}
+
 // Two "hosts" (one reached through fake_ssh): automatic choice is gloo, and the
 // remote rank finds the store at this host's name.
 TEST(KolorunBackendChoice, AutomaticIsGlooAcrossHosts) {

@@ -1,5 +1,6 @@
 // What kolorun gives its workers and how their output comes back.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -127,6 +128,44 @@ TEST(KolorunOutput, Rank0OnlyAndOutputDir) {
         << content.str();
     EXPECT_NE(content.str().find("stderr line from " + std::to_string(rank)), std::string::npos);
   }
+  std::string command = "rm -rf " + dir;
+  EXPECT_EQ(std::system(command.c_str()), 0);
+}
+
+// A log file that cannot be written (here a file-size limit; a full disk
+// fails the same way with ENOSPC) is reported at once and in kolorun's last
+// line, and the job's exit code says so. Before, the logs were truncated
+// silently and kolorun exited 0.
+TEST(KolorunOutput, OutputDirWriteErrorsAreReported) {
+  char dir_template[] = "/tmp/kolorun-logs-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  rlimit old_limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  rlimit small = old_limit;
+  small.rlim_cur = 1024;  // bytes; kolorun inherits it, its log files hit it
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  KolorunProcess process(
+      {"-np", "2", "--output-dir", dir, worker_path("env_worker"), std::string(3000, 'x')});
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  const RunResult r = process.wait(seconds(30));
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("kolorun: cannot write " + dir +
+                       "/rank.0.log: File too large; rank 0's "
+                       "output from here on is missing from it"),
+            std::string::npos)
+      << r.err;
+  const auto lines = r.err_lines();
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.back().rfind("kolorun: --output-dir: the log files of rank(s) 0, 1 are "
+                               "incomplete (" +
+                                   dir + "/rank.0.log: File too large)",
+                               0),
+            0u)
+      << lines.back();
+  // The terminal still got everything.
+  EXPECT_NE(r.out.find(std::string(3000, 'x')), std::string::npos);
   std::string command = "rm -rf " + dir;
   EXPECT_EQ(std::system(command.c_str()), 0);
 }

@@ -87,6 +87,17 @@ TEST(LauncherEnv, LocalEnvironmentReplacesAndAdds) {
             (std::multiset<std::string>{"PATH=/bin", "HOME=/root", "KOLO_RANK=1", "KOLO_SIZE=2"}));
 }
 
+// Each name once, the later entry winning (a -x NAME=VALUE after kolorun's
+// own thread count, or a -x given twice).
+TEST(LauncherEnv, LocalEnvironmentHasEachNameOnce) {
+  auto env = local_worker_environment(
+      {"PATH=/bin", "OMP_NUM_THREADS=8"},
+      {{"KOLO_RANK", "1"}, {"OMP_NUM_THREADS", "2"}, {"A", "1"}, {"A", "2"}});
+  std::multiset<std::string> entries(env.begin(), env.end());
+  EXPECT_EQ(entries,
+            (std::multiset<std::string>{"PATH=/bin", "KOLO_RANK=1", "OMP_NUM_THREADS=2", "A=2"}));
+}
+
 TEST(LauncherEnv, RemoteForwarding) {
   auto vars =
       forwarded_variables({"KOLO_LOG_LEVEL=debug", "KOLO_RANK=7", "OMP_NUM_THREADS=3", "HOME=/root",

@@ -41,6 +41,15 @@ TEST(LauncherHosts, MalformedListsNameTheEntry) {
   EXPECT_NE(error_of("a:1,A:1").find("named twice"), std::string::npos);
   EXPECT_NE(error_of("").find("-H is empty"), std::string::npos);
   EXPECT_NE(error_of("a:2x").find("'2x'"), std::string::npos);
+  // Before: "not a whole number", and "localhost:2:3" was a host named
+  // "localhost:2" reached over ssh.
+  EXPECT_NE(error_of("host:99999999999").find("slot count 99999999999: too large"),
+            std::string::npos)
+      << error_of("host:99999999999");
+  EXPECT_NE(error_of("localhost:2:3").find("entry 'localhost:2:3' has more than one ':'"),
+            std::string::npos)
+      << error_of("localhost:2:3");
+  EXPECT_NE(error_of("::1:2").find("in brackets, e.g. [::1]:2"), std::string::npos);
 }
 
 TEST(LauncherHosts, LocalNames) {

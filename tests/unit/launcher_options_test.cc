@@ -106,6 +106,24 @@ TEST(LauncherOptions, BadArgumentsGiveOneLineNamingTheArgument) {
       {{"-np", "2", "--frobnicate", "prog"}, "--frobnicate"},
       {{"-np", "2", "-x", "=v", "prog"}, "-x '=v'"},
       {{"-np"}, "np"},
+      // Before: "the number of workers must be at least 1" for a restart count.
+      {{"-np", "2", "--min-np", "1", "--max-restarts", "-1", "prog"},
+       "--max-restarts -1: the number of restarts must be at least 0"},
+      {{"-np", "2", "--min-np", "1", "--max-restarts", "99999999999", "prog"},
+       "--max-restarts 99999999999: too large"},
+      {{"-np", "99999999999999999999", "prog"}, "-np 99999999999999999999: too large"},
+      // Before: accepted here, then every worker failed (0.1 ms rounds to 0 ms).
+      {{"-np", "2", "--timeout", "0.0001", "prog"},
+       "--timeout 0.0001: too small; kolo's timeouts count whole milliseconds, give at least "
+       "0.001"},
+      {{"-np", "2", "--grace", "1e300", "prog"}, "--grace 1e300: too large"},
+      {{"-np", "2", "--job-timeout", "1e12", "prog"}, "--job-timeout 1e12: too large"},
+      // Before: accepted, and each worker's environment held KOLO_RANK twice.
+      {{"-np", "2", "-x", "KOLO_RANK=7", "prog"},
+       "-x KOLO_RANK=7: kolorun sets KOLO_RANK itself (each worker's rank); leave it out"},
+      {{"-np", "2", "-x", "KOLO_JOB_SECRET", "prog"}, "kolorun sets KOLO_JOB_SECRET itself"},
+      {{"-np", "2", "--backend", "shm", "-x", "KOLO_BACKEND=gloo", "prog"},
+       "-x KOLO_BACKEND=gloo contradicts --backend shm: give one"},
   };
   for (const auto& c : cases) {
     std::string message = error_of(c.args);

@@ -14,9 +14,12 @@
 #include <cerrno>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <random>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -60,6 +63,60 @@ bool read_stat_fields(pid_t pid, char* state, uint64_t* start_time) {
   return true;
 }
 
+// Names this process created and has not unlinked yet, unlinked at exit().
+struct LinkedNames {
+  std::mutex mutex;
+  std::set<std::string> names;
+  bool handler_registered = false;
+};
+
+LinkedNames& linked_names() {
+  static LinkedNames* names = new LinkedNames;  // never destroyed: used by the atexit handler
+  return *names;
+}
+
+void unlink_linked_names_at_exit() {
+  LinkedNames& linked = linked_names();
+  std::lock_guard<std::mutex> lock(linked.mutex);
+  for (const auto& name : linked.names) shm_unlink(name.c_str());
+  linked.names.clear();
+}
+
+void remember_linked(const std::string& name) {
+  LinkedNames& linked = linked_names();
+  std::lock_guard<std::mutex> lock(linked.mutex);
+  linked.names.insert(name);
+  if (!linked.handler_registered) {
+    linked.handler_registered = true;
+    std::atexit(unlink_linked_names_at_exit);
+  }
+}
+
+void forget_linked(const std::string& name) {
+  LinkedNames& linked = linked_names();
+  std::lock_guard<std::mutex> lock(linked.mutex);
+  linked.names.erase(name);
+}
+
+// Calls `visit(pid, name)` for each /dev/shm entry named by
+// unique_segment_name() ("kolo-<pid>-<16 hex digits>").
+template <typename Visit>
+void for_each_segment(Visit&& visit) {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return;
+  while (dirent* entry = readdir(dir)) {
+    int pid = 0;
+    unsigned long long tag = 0;
+    int consumed = 0;
+    if (std::sscanf(entry->d_name, "kolo-%d-%16llx%n", &pid, &tag, &consumed) != 2 ||
+        entry->d_name[consumed] != '\0' || pid <= 0) {
+      continue;
+    }
+    visit(static_cast<pid_t>(pid), std::string(entry->d_name));
+  }
+  closedir(dir);
+}
+
 }  // namespace
 
 ShmSegment::~ShmSegment() { release(); }
@@ -98,10 +155,11 @@ ShmSegment ShmSegment::create(const std::string& name, size_t bytes) {
   ShmSegment segment;
   segment.name_ = name;
   segment.linked_ = true;
+  remember_linked(name);
   try {
     segment.data_ = map_descriptor(fd, bytes, name);
   } catch (...) {
-    shm_unlink(name.c_str());
+    segment.unlink();
     throw;
   }
   segment.bytes_ = bytes;
@@ -129,7 +187,10 @@ ShmSegment ShmSegment::open(const std::string& name, size_t bytes) {
 }
 
 void ShmSegment::unlink() {
-  if (linked_) shm_unlink(name_.c_str());
+  if (linked_) {
+    shm_unlink(name_.c_str());
+    forget_linked(name_);
+  }
   linked_ = false;
 }
 
@@ -146,25 +207,24 @@ std::string unique_segment_name() {
 }
 
 int remove_stale_segments(std::chrono::seconds min_age) {
-  DIR* dir = opendir("/dev/shm");
-  if (dir == nullptr) return 0;
   int removed = 0;
   const time_t now = time(nullptr);
-  while (dirent* entry = readdir(dir)) {
-    int pid = 0;
-    unsigned long long tag = 0;
-    int consumed = 0;
-    if (std::sscanf(entry->d_name, "kolo-%d-%16llx%n", &pid, &tag, &consumed) != 2 ||
-        entry->d_name[consumed] != '\0' || pid <= 0) {
-      continue;
-    }
-    const std::string path = std::string("/dev/shm/") + entry->d_name;
+  for_each_segment([&](pid_t pid, const std::string& name) {
     struct stat info {};
-    if (stat(path.c_str(), &info) != 0 || now - info.st_mtime < min_age.count()) continue;
-    if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // creator alive (or not ours to judge)
-    if (shm_unlink((std::string("/") + entry->d_name).c_str()) == 0) ++removed;
-  }
-  closedir(dir);
+    if (stat(("/dev/shm/" + name).c_str(), &info) != 0 || now - info.st_mtime < min_age.count()) {
+      return;
+    }
+    if (kill(pid, 0) == 0 || errno != ESRCH) return;  // creator alive (or not ours to judge)
+    if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  });
+  return removed;
+}
+
+int remove_segments_of(pid_t pid) {
+  int removed = 0;
+  for_each_segment([&](pid_t creator, const std::string& name) {
+    if (creator == pid && shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  });
   return removed;
 }
 

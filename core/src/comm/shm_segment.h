@@ -50,11 +50,23 @@ class ShmSegment {
 // A name no other segment on this host uses: "/kolo-<pid>-<random hex>".
 std::string unique_segment_name();
 
+// A segment's name exists only during its communicator's rendezvous (rank 0
+// unlinks it once every rank mapped it). Every way out of that window removes
+// it: an exception unwinds into ~ShmSegment; exit() runs an atexit handler
+// that unlinks the names this process still holds; a process killed by a
+// signal is cleaned up by its launcher (kolorun calls remove_segments_of for
+// each local worker it reaps) or, without kolorun, by the next rendezvous on
+// the host (remove_stale_segments).
+
 // Unlinks segments named by unique_segment_name() whose creating process is
 // gone and that are older than `min_age`: leftovers of jobs killed during a
-// rendezvous (the only window in which a segment has a name). Returns how many
-// it removed. Best effort: never throws.
+// rendezvous. Returns how many it removed. Best effort: never throws.
 int remove_stale_segments(std::chrono::seconds min_age);
+
+// Unlinks the segments that process `pid` created and left. For a launcher
+// reaping a worker: call it while the worker is a zombie (its pid cannot have
+// been reused). Returns how many it removed. Best effort: never throws.
+int remove_segments_of(pid_t pid);
 
 // Blocks while *word == expected, at most `timeout` (process-shared futex, so
 // `word` may live in a segment mapped at different addresses by the waiters).
