@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <regex>
 
 #include "kolo/core/errors.h"
@@ -78,27 +79,44 @@ std::vector<std::string> split_choices(const std::string& choices) {
   }
 }
 
-// A lower bound stated in the doc as "(> N)" or "(>= N)".
+// The range stated in the doc: "(> N)", "(>= N)", "(<= M)" or both, as in
+// "(>= 0, <= 2147483647)". The upper bound keeps a value inside the type its
+// reader converts it to (an int, milliseconds in an int64).
 struct Bound {
-  bool inclusive = false;
-  double value = 0;
-  std::string text;  // "> 0"
+  std::optional<std::pair<bool, double>> lower;  // (inclusive, value)
+  std::optional<double> upper;                   // inclusive
+  std::string text;                              // ">= 0, <= 2147483647"
 };
 
 std::optional<Bound> bound_of(const ConfigVar& var) {
-  static const std::regex pattern(R"(\((>=?) *(-?[0-9]+(\.[0-9]+)?)\))");
-  std::cmatch match;
-  if (!std::regex_search(var.doc, match, pattern)) return std::nullopt;
-  Bound bound;
-  bound.inclusive = match[1].str() == ">=";
-  bound.value = std::strtod(match[2].str().c_str(), nullptr);
-  bound.text = match[1].str() + " " + match[2].str();
-  return bound;
+  static const std::regex pattern(
+      R"(\((?:(>=?) *(-?[0-9]+(?:\.[0-9]+)?))?(?:, *)?(?:<= *([0-9]+(?:\.[0-9]+)?))?\))");
+  for (std::cregex_iterator it(var.doc, var.doc + std::strlen(var.doc), pattern), end; it != end;
+       ++it) {
+    const std::cmatch& match = *it;
+    if (!match[1].matched && !match[3].matched) continue;  // "()" or other parentheses
+    Bound bound;
+    if (match[1].matched) {
+      bound.lower =
+          std::make_pair(match[1].str() == ">=", std::strtod(match[2].str().c_str(), nullptr));
+      bound.text = match[1].str() + " " + match[2].str();
+    }
+    if (match[3].matched) {
+      bound.upper = std::strtod(match[3].str().c_str(), nullptr);
+      bound.text += (bound.text.empty() ? "" : ", ") + std::string("<= ") + match[3].str();
+    }
+    return bound;
+  }
+  return std::nullopt;
 }
 
 bool within(const std::optional<Bound>& bound, double value) {
   if (!bound) return true;
-  return bound->inclusive ? value >= bound->value : value > bound->value;
+  if (bound->lower) {
+    const auto [inclusive, low] = *bound->lower;
+    if (inclusive ? value < low : value <= low) return false;
+  }
+  return !bound->upper || value <= *bound->upper;
 }
 
 // Unit of a numeric setting, from its name's suffix.
@@ -149,8 +167,9 @@ std::string example_value(const ConfigVar& var) {
     case ConfigType::kInt:
     case ConfigType::kDouble: {
       auto bound = bound_of(var);
-      if (!bound) return "1";
-      double v = bound->inclusive ? bound->value : std::floor(bound->value) + 1;
+      if (!bound || !bound->lower) return "1";
+      const auto [inclusive, low] = *bound->lower;
+      const double v = inclusive ? low : std::floor(low) + 1;
       return std::to_string(static_cast<long long>(v));
     }
   }

@@ -8,16 +8,22 @@ namespace kolo {
 const std::vector<ConfigVar>& config_registry() {
   static const std::vector<ConfigVar> registry = {
       // --- Bootstrap (set by kolorun for its workers) ---
-      {"KOLO_RANK", ConfigType::kInt, "", "", "Rank of this worker in the world (set by kolorun)."},
-      {"KOLO_SIZE", ConfigType::kInt, "", "", "Number of workers in the world (set by kolorun)."},
+      {"KOLO_RANK", ConfigType::kInt, "", "",
+       "Rank of this worker in the world (set by kolorun) (>= 0, <= 2147483647)."},
+      {"KOLO_SIZE", ConfigType::kInt, "", "",
+       "Number of workers in the world (set by kolorun) (>= 1, <= 2147483647)."},
       {"KOLO_LOCAL_RANK", ConfigType::kInt, "", "",
-       "Index of this worker among those on its host."},
-      {"KOLO_LOCAL_SIZE", ConfigType::kInt, "", "", "Number of workers on this worker's host."},
-      {"KOLO_CROSS_RANK", ConfigType::kInt, "", "", "Index of this worker's host among the hosts."},
-      {"KOLO_CROSS_SIZE", ConfigType::kInt, "", "", "Number of hosts in the job."},
+       "Index of this worker among those on its host (>= 0, <= 2147483647)."},
+      {"KOLO_LOCAL_SIZE", ConfigType::kInt, "", "",
+       "Number of workers on this worker's host (>= 1, <= 2147483647)."},
+      {"KOLO_CROSS_RANK", ConfigType::kInt, "", "",
+       "Index of this worker's host among the hosts (>= 0, <= 2147483647)."},
+      {"KOLO_CROSS_SIZE", ConfigType::kInt, "", "",
+       "Number of hosts in the job (>= 1, <= 2147483647)."},
       {"KOLO_STORE_ADDR", ConfigType::kString, "", "",
        "Host of the rendezvous store served by kolorun."},
-      {"KOLO_STORE_PORT", ConfigType::kInt, "", "", "TCP port of the rendezvous store."},
+      {"KOLO_STORE_PORT", ConfigType::kInt, "", "",
+       "TCP port of the rendezvous store (>= 1, <= 65535)."},
       {"KOLO_JOB_ID", ConfigType::kString, "", "",
        "Unique id of the job; names shared-memory segments. Default: derived from the launcher."},
       {"KOLO_HOSTNAME", ConfigType::kString, "", "",
@@ -48,19 +54,22 @@ const std::vector<ConfigVar>& config_registry() {
       {"KOLO_ELASTIC_HOST", ConfigType::kString, "", "",
        "Elastic mode: the host (as listed by -H or the discovery script) this worker runs on."},
       {"KOLO_ELASTIC_TIMEOUT_SECONDS", ConfigType::kDouble, "600", "",
-       "Elastic mode: how long a worker waits for kolorun to form a world that includes it "
-       "kolorun itself stops the job sooner when too few workers remain (> 0)."},
+       "Elastic mode: how long a worker waits for kolorun to form a world that includes it; "
+       "kolorun itself stops the job sooner when too few workers remain (>= 0.001, <= "
+       "1000000000)."},
       // --- Communicators ---
       {"KOLO_BACKEND", ConfigType::kChoice, "auto", "auto|shm|gloo|mpi",
        "Communicator backend. auto: mpi under mpirun/srun, shm when all ranks share a host, "
        "gloo otherwise."},
       {"KOLO_TIMEOUT_SECONDS", ConfigType::kDouble, "300", "",
-       "Default timeout of one collective and of the rendezvous, in seconds (> 0)."},
+       "Default timeout of one collective and of the rendezvous, in seconds (>= 0.001, <= "
+       "1000000000): kolo's timeouts count whole milliseconds."},
       {"KOLO_CHECK_ARGS", ConfigType::kBool, "1", "",
        "Check on every call that count, dtype and op agree across ranks (gloo/mpi pay one small "
        "exchange; shm checks for free)."},
       {"KOLO_SHM_SPIN_US", ConfigType::kInt, "50", "",
-       "shm: microseconds a waiting rank spins before it blocks on a futex (>= 0). Spinning "
+       "shm: microseconds a waiting rank spins before it blocks on a futex (>= 0, <= 1000000). "
+       "Spinning "
        "longer lowers latency but steals the core of an oversubscribed peer."},
       {"KOLO_SHM_CHUNK_BYTES", ConfigType::kInt, "262144", "",
        "shm: bytes per pipeline chunk of large collectives (sized to stay in cache)."},
@@ -75,20 +84,28 @@ const std::vector<ConfigVar>& config_registry() {
        "or loopback when all ranks are local."},
       // --- Engine (asynchronous named collectives) ---
       {"KOLO_CYCLE_TIME_MS", ConfigType::kDouble, "1", "",
-       "Engine: milliseconds between negotiation cycles of the background thread (>= 0; 0 = no "
-       "sleep, lowest latency). Longer cycles collect more tensors per fused collective."},
+       "Engine: milliseconds between negotiation cycles of the background thread (>= 0, <= "
+       "1000000); 0 = no sleep, lowest latency. Longer cycles collect more tensors per fused "
+       "collective."},
       {"KOLO_FUSION_THRESHOLD_BYTES", ConfigType::kInt, "67108864", "",
        "Engine: largest fused collective in bytes; ready tensors of one dtype and op are packed "
        "into one buffer up to this size (0 = no fusion)."},
       {"KOLO_CACHE_CAPACITY", ConfigType::kInt, "1024", "",
        "Engine: responses remembered by name, so that steady-state steps agree through one "
-       "small bit-vector allreduce instead of exchanging request lists (0 = no cache)."},
-      {"KOLO_STALL_WARNING_SECONDS", ConfigType::kDouble, "60", "",
-       "Engine: rank 0 warns about tensors that some ranks submitted and others did not for this "
-       "long, naming the missing ranks (> 0)."},
-      {"KOLO_STALL_SHUTDOWN_SECONDS", ConfigType::kDouble, "600", "",
-       "Engine: after this long such tensors fail on every rank with a RuntimeFault naming the "
-       "missing ranks (0 = wait forever)."},
+       "small bit-vector allreduce instead of exchanging request lists (>= 0, <= 1048576); 0 = no "
+       "cache."},
+      {"KOLO_STALL_WARNING_SECONDS", ConfigType::kDouble, "30", "",
+       "Engine: a stall is reported after this long, and again every period while it lasts "
+       "(> 0, <= 1000000000): rank 0 names tensors that some ranks submitted and others did not, "
+       "and a rank "
+       "that does not negotiate at all (frozen by SIGSTOP or a debugger, stuck) is named by the "
+       "lowest rank waiting for it."},
+      {"KOLO_STALL_SHUTDOWN_SECONDS", ConfigType::kDouble, "300", "",
+       "Engine: after this long (>= 0, <= 1000000000) a stall fails the pending work of every rank "
+       "still running with "
+       "a RuntimeFault naming the missing ranks (the recoverable error; elastic mode re-forms "
+       "without them). 0 = never: a frozen rank then holds the others until "
+       "KOLO_TIMEOUT_SECONDS."},
       {"KOLO_TIMELINE", ConfigType::kString, "", "",
        "Engine: write a Chrome-trace timeline (Perfetto, chrome://tracing) of rank 0's requests "
        "to this path."},

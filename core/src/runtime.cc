@@ -322,7 +322,13 @@ Runtime::~Runtime() {
 Engine& Runtime::engine() {
   std::lock_guard<std::mutex> lock(engine_mutex_);
   if (engine_) return *engine_;
-  const EngineOptions options = EngineOptions::from_config(config_);
+  EngineOptions options = EngineOptions::from_config(config_);
+  // A rank frozen for the engine is frozen for the world communicator too
+  // (it outlives the engine: ~Runtime resets the engine first).
+  Communicator* world = world_.get();
+  options.on_stall_abort = [world](const std::string& reason, const std::vector<int>& ranks) {
+    world->abort(reason, ranks);
+  };
   if (backend_.empty()) {
     // Ranks as threads: the caller handed the engine's communicator in.
     if (!engine_comm_) {

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine_harness.h"
@@ -84,11 +85,14 @@ TEST_P(EngineStall, WarningNamesMissingRanksAndShutdownFailsEveryHolder) {
 INSTANTIATE_TEST_SUITE_P(Backends, EngineStall, ::testing::ValuesIn(testing::engine_backends()));
 
 // Forwards to a real communicator until `dead` is set, then fails every call
-// as a transport whose peer is gone would.
+// as a transport whose peer is gone would. While `*frozen` is set, a call
+// blocks without reaching the real communicator (a frozen process: its peers
+// wait for it), and throws once thawed.
 class KillableCommunicator final : public Communicator {
  public:
-  KillableCommunicator(std::unique_ptr<Communicator> inner, std::atomic<bool>& dead)
-      : inner_(std::move(inner)), dead_(dead) {}
+  KillableCommunicator(std::unique_ptr<Communicator> inner, std::atomic<bool>& dead,
+                       std::atomic<bool>* frozen = nullptr)
+      : inner_(std::move(inner)), dead_(dead), frozen_(frozen) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   const char* backend() const override { return inner_->backend(); }
@@ -131,14 +135,91 @@ class KillableCommunicator final : public Communicator {
     check();
     inner_->barrier(o);
   }
+  // A frozen rank's own watch sees nothing to wait for (a frozen process
+  // runs no code at all).
+  std::optional<std::vector<int>> waiting_for() const override {
+    if (frozen_ != nullptr && *frozen_) return std::vector<int>{};
+    return inner_->waiting_for();
+  }
+  bool abort(const std::string& reason, const std::vector<int>& ranks) override {
+    return inner_->abort(reason, ranks);
+  }
 
  private:
   void check() {
+    if (frozen_ != nullptr && *frozen_) {
+      while (*frozen_) std::this_thread::sleep_for(milliseconds(1));
+      throw RuntimeFault("test transport: thawed after the others gave up", {});
+    }
     if (dead_) throw RuntimeFault("test transport: the connection broke", {inner_->rank()});
   }
   std::unique_ptr<Communicator> inner_;
   std::atomic<bool>& dead_;
+  std::atomic<bool>* frozen_;
 };
+
+// A rank whose engine stops negotiating (a frozen process: SIGSTOP, a
+// debugger) holds the others in the negotiation's first allreduce, where the
+// stall inspector never runs. The NegotiationWatch names it after the warning
+// time (from rank 0 only) and fails the others' pending requests with
+// RuntimeFault naming it after the shutdown time, long before the
+// communicators' 30 s timeout.
+class FrozenRank : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FrozenRank, IsNamedByTheWarningAndTheOthersFailAfterTheShutdownTime) {
+  constexpr int n = 3;
+  EngineWorld world(GetParam(), n);
+  EngineOptions options = testing::test_engine_options();
+  options.stall_warning_seconds = 0.3;
+  options.stall_shutdown_seconds = 1.0;
+  std::atomic<bool> dead{false};
+  std::atomic<bool> frozen{false};
+  std::atomic<int> failed_count{0};
+  std::vector<std::string> errors(n);
+  std::vector<std::vector<int>> failed(n);
+  ::testing::internal::CaptureStderr();
+  run_ranks(n, [&](int rank) {
+    std::unique_ptr<Communicator> comm = world.communicator(rank);
+    if (rank == 2) comm = std::make_unique<KillableCommunicator>(std::move(comm), dead, &frozen);
+    Engine engine(std::move(comm), world.factory(rank), options);
+    Tensor x({4}, 1);
+    engine.allreduce("warm-up", x.view(), x.view());
+    if (rank == 2) {
+      frozen = true;
+      // Thawed once the others gave up (bounded: the test asserts on them).
+      const auto until = std::chrono::steady_clock::now() + kEngineTimeout;
+      while (failed_count < 2 && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(milliseconds(5));
+      }
+      frozen = false;
+      return;
+    }
+    try {
+      engine.allreduce_async("x", x.view(), x.view()).wait(kEngineTimeout);
+      errors[rank] = "(no error)";
+    } catch (const RuntimeFault& e) {
+      errors[rank] = e.what();
+      failed[rank] = e.failed_ranks();
+    }
+    ++failed_count;
+  });
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("kolo[rank 0] warning: stall: the negotiation has waited"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find("KOLO_STALL_WARNING_SECONDS 0.3) for rank 2: frozen"), std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("kolo[rank 1] warning: stall"), std::string::npos) << "one rank warns\n"
+                                                                        << log;
+  for (int r : {0, 1}) {
+    EXPECT_NE(errors[r].find("rank 2 did not take part in the negotiation"), std::string::npos)
+        << r << ": " << errors[r];
+    EXPECT_NE(errors[r].find("KOLO_STALL_SHUTDOWN_SECONDS"), std::string::npos)
+        << r << ": " << errors[r];
+    EXPECT_EQ(failed[r], std::vector<int>{2}) << r << ": " << errors[r];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, FrozenRank, ::testing::ValuesIn(testing::engine_backends()));
 
 TEST(EngineFault, DeadTransportFailsPendingHandlesAndLaterSubmits) {
   constexpr int n = 3;

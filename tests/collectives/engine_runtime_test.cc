@@ -125,8 +125,8 @@ TEST(EngineOptionsTest, FromConfigReadsTheRegistry) {
   EXPECT_EQ(d.cycle_time_ms, 1.0);
   EXPECT_EQ(d.fusion_threshold_bytes, 64 << 20);
   EXPECT_EQ(d.cache_capacity, 1024);
-  EXPECT_EQ(d.stall_warning_seconds, 60);
-  EXPECT_EQ(d.stall_shutdown_seconds, 600);
+  EXPECT_EQ(d.stall_warning_seconds, 30);
+  EXPECT_EQ(d.stall_shutdown_seconds, 300);
   EXPECT_TRUE(d.timeline_path.empty());
   EXPECT_FALSE(d.autotune);
 }

@@ -9,8 +9,8 @@
 
 namespace kolo::testing {
 
-TempDir::TempDir(const std::string& prefix) {
-  std::string pattern = "/tmp/" + prefix + "-XXXXXX";
+TempDir::TempDir(const std::string& prefix, const std::string& parent) {
+  std::string pattern = parent + "/" + prefix + "-XXXXXX";
   if (::mkdtemp(pattern.data()) == nullptr)
     throw std::runtime_error("TempDir: mkdtemp(" + pattern + ") failed: " + std::strerror(errno));
   path_ = pattern;

@@ -1,4 +1,4 @@
-// A fresh directory under /tmp for one test, removed with everything in it
+// A fresh directory (under /tmp unless told) for one test, removed with everything in it
 // when the object goes out of scope (tests that kill workers or fail an
 // assertion still clean up).
 #pragma once
@@ -9,9 +9,9 @@ namespace kolo::testing {
 
 class TempDir {
  public:
-  // Creates /tmp/<prefix>-XXXXXX. Throws std::runtime_error naming the path
-  // and errno's message when mkdtemp fails.
-  explicit TempDir(const std::string& prefix);
+  // Creates <parent>/<prefix>-XXXXXX. Throws std::runtime_error naming the
+  // path and errno's message when mkdtemp fails.
+  explicit TempDir(const std::string& prefix, const std::string& parent = "/tmp");
   ~TempDir();
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;

@@ -82,7 +82,7 @@ TEST(Config, EmptyValueCountsAsUnset) {
 TEST(Config, MalformedNumberNamesVariableValueAndForm) {
   EXPECT_EQ(load_error({{"KOLO_TIMEOUT_SECONDS", "abc"}}),
             "kolo config: KOLO_TIMEOUT_SECONDS=\"abc\" is not a number; expected a number of "
-            "seconds > 0, e.g. KOLO_TIMEOUT_SECONDS=300");
+            "seconds >= 0.001, <= 1000000000, e.g. KOLO_TIMEOUT_SECONDS=300");
   // Whole-string parsing: trailing text, spaces, units and non-finite values fail.
   for (const char* bad : {"60s", " 60", "60 ", "", "nan", "inf", "1e999"}) {
     if (std::string(bad).empty()) continue;  // empty = unset, checked above
@@ -104,6 +104,29 @@ TEST(Config, RangesFromTheDocAreEnforced) {
   EXPECT_NE(load_error({{"KOLO_SHM_SPIN_US", "-1"}}), "");
   EXPECT_EQ(load_error({{"KOLO_SHM_SPIN_US", "0"}}), "");
   EXPECT_EQ(load_error({{"KOLO_TIMEOUT_SECONDS", "0.001"}}), "");
+}
+
+// Values beyond what the reader converts them to are errors, not wrapped
+// numbers: KOLO_CACHE_CAPACITY=9223372036854775807 fit the registry's int64
+// but became -1 as the engine's int (accepted before the upper bounds).
+TEST(Config, ValuesThatOverflowTheirTargetTypeAreErrors) {
+  const std::string message = load_error({{"KOLO_CACHE_CAPACITY", "9223372036854775807"}});
+  EXPECT_NE(message.find("KOLO_CACHE_CAPACITY=\"9223372036854775807\" is out of range; expected "
+                         "a whole number >= 0, <= 1048576"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(load_error({{"KOLO_RANK", "2147483648"}}), "");
+  EXPECT_EQ(load_error({{"KOLO_RANK", "2147483647"}}), "");
+  EXPECT_NE(load_error({{"KOLO_STORE_PORT", "70000"}}), "");
+  EXPECT_NE(load_error({{"KOLO_SHM_SPIN_US", "9999999999"}}), "");
+  // Seconds become milliseconds (int64) and clock durations: bounded too.
+  EXPECT_NE(load_error({{"KOLO_TIMEOUT_SECONDS", "1e300"}}), "");
+  EXPECT_NE(load_error({{"KOLO_STALL_SHUTDOWN_SECONDS", "1e300"}}), "");
+  // Below a millisecond a timeout would round to 0 ms.
+  EXPECT_NE(load_error({{"KOLO_TIMEOUT_SECONDS", "0.0001"}}).find("is out of range"),
+            std::string::npos);
+  EXPECT_NE(load_error({{"KOLO_CACHE_CAPACITY", "99999999999999999999"}}).find("is too large"),
+            std::string::npos);
 }
 
 TEST(Config, ChoiceMustBeListed) {

@@ -5,8 +5,8 @@
 //   mpi_collectives_worker             full matrix; prints each mismatch, exit 1 on any
 //   mpi_collectives_worker --mismatch  rank 1 calls allreduce with a different count;
 //                                      every rank prints the ContractError, exit 3
-//   mpi_collectives_worker --late-peer rank 1 calls 2 s late, timeouts are 1 s: every
-//                                      rank prints its TimeoutError, exit 4
+//   mpi_collectives_worker --late-peer rank 1 calls 2 s late, timeouts are 1 s: each
+//                                      rank that calls prints its TimeoutError, exit 4
 //   mpi_collectives_worker --p2p       the shared point-to-point check; as the matrix
 //   mpi_collectives_worker --p2p-mismatch  rank 0 sends 1000 f32 to rank 1, which
 //                                      receives 999: both print the ContractError, then a
@@ -91,9 +91,9 @@ int run_p2p_mismatch(kolo::Communicator& comm) {
   return 3;
 }
 
-// Rank 1 arrives 2 s late with a 1 s timeout on every rank: every rank gets a
-// TimeoutError (rank 1 in the collective after the argument check, which the
-// others abandoned) and the process still exits.
+// Rank 1 arrives 2 s late with a 1 s timeout on every rank: the others get a
+// TimeoutError and exit without MPI_Finalize, so mpirun ends the job (rank 1
+// would get one too, in the collective the others abandoned, if it lived).
 int run_late_peer(kolo::Communicator& comm) {
   std::vector<float> data(1000, 1.0f);
   kolo::AllreduceOptions options;

@@ -174,16 +174,51 @@ class PeerMonitor {
   void begin_wait(gloo::transport::UnboundBuffer* buffer, bool recv, int peer) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (broken_) throw PeerError{peer, false, reason(peer)};
-    waiting_.push_back({buffer, recv});
+    waiting_.push_back({buffer, recv, peer});
   }
   void end_wait(gloo::transport::UnboundBuffer* buffer) {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
-      if (it->first == buffer) {
+      if (it->buffer == buffer) {
         waiting_.erase(it);
         return;
       }
     }
+  }
+
+  // The peers of the waits in progress (any thread).
+  std::vector<int> waiting_peers() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<int> peers;
+    for (const Wait& wait : waiting_) {
+      if (std::find(peers.begin(), peers.end(), wait.peer) == peers.end()) {
+        peers.push_back(wait.peer);
+      }
+    }
+    return peers;
+  }
+
+  // Communicator::abort from any thread: the wait in progress (and every
+  // later one) ends as if a pair had failed; aborted() says why. True when
+  // a wait was in progress (or an earlier abort() came first).
+  bool abort(const std::string& why, const std::vector<int>& ranks) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (aborted_) return true;
+    aborted_ = true;
+    abort_reason_ = why;
+    abort_ranks_ = ranks;
+    broken_ = true;
+    if (detail_.empty()) detail_ = why;
+    abort_waits();
+    return !waiting_.empty();
+  }
+  // True (with the reason and ranks) once abort() was called.
+  bool aborted(std::string* why, std::vector<int>* ranks) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!aborted_) return false;
+    *why = abort_reason_;
+    *ranks = abort_ranks_;
+    return true;
   }
 
   // Why a wait on `peer` was aborted.
@@ -236,11 +271,11 @@ class PeerMonitor {
   }
 
   void abort_waits() {
-    for (const auto& [buffer, recv] : waiting_) {
-      if (recv) {
-        buffer->abortWaitRecv();
+    for (const Wait& wait : waiting_) {
+      if (wait.recv) {
+        wait.buffer->abortWaitRecv();
       } else {
-        buffer->abortWaitSend();
+        wait.buffer->abortWaitSend();
       }
     }
   }
@@ -271,7 +306,16 @@ class PeerMonitor {
   std::unique_ptr<gloo::transport::UnboundBuffer> sentinel_;
   std::thread thread_;
   mutable std::mutex mutex_;
-  std::vector<std::pair<gloo::transport::UnboundBuffer*, bool>> waiting_;  // (buffer, is recv)
+  // Waits in progress, of the collective thread and of point-to-point waiters.
+  struct Wait {
+    gloo::transport::UnboundBuffer* buffer;
+    bool recv;
+    int peer;
+  };
+  std::vector<Wait> waiting_;
+  bool aborted_ = false;
+  std::string abort_reason_;
+  std::vector<int> abort_ranks_;
   std::vector<int> departed_;
   bool broken_ = false;
   int broken_peer_ = -1;
@@ -710,11 +754,22 @@ class GlooCommunicator : public Communicator {
   int size() const override { return size_; }
   const char* backend() const override { return "gloo"; }
 
-  void abort(const std::string& reason) override {
-    if (size_ == 1 || !fault_.empty() || !context_) return;
-    // A report with no blamed rank makes peers blame this one (read_report).
+  // The peers of the waits in progress (each wait names one peer, see Channel).
+  std::optional<std::vector<int>> waiting_for() const override {
+    if (!monitor_) return std::vector<int>{};
+    return monitor_->waiting_peers();
+  }
+
+  // From any thread (communicator.h). A report with no blamed rank makes
+  // peers blame this one (read_report).
+  bool abort(const std::string& reason, const std::vector<int>& ranks) override {
+    if (!monitor_) return false;  // a world of one never waits
     FaultReport report;
-    report.text = "rank " + std::to_string(rank_) + " aborted: " + reason;
+    report.text = ranks.empty() ? "rank " + std::to_string(rank_) + " aborted: " + reason : reason;
+    report.ranks = ranks;
+    // A wait in progress ends; its thread tells the peers (handle_fault).
+    if (monitor_->abort(report.text, report.ranks)) return true;
+    // No call in progress: tell them now.
     publish_report(report);
     try {
       SigpipeGuard guard;
@@ -722,7 +777,7 @@ class GlooCommunicator : public Communicator {
     } catch (const std::exception&) {
       // Pairs already closed.
     }
-    fault_ = report.text;
+    return true;
   }
 
   void allreduce(const void* in, void* out, size_t count, DType dtype,
@@ -763,7 +818,7 @@ class GlooCommunicator : public Communicator {
       uint8_t* mine = result + rank_ * count * element_bytes;
       if (in != mine) std::memcpy(mine, in, count * element_bytes);
       const Blocks blocks = blocks_from_counts(std::vector<size_t>(size_, count));
-      ring_allgather(result, blocks, element_bytes, slot(seq, 1), deadline);
+      gather_blocks(result, blocks, element_bytes, slot(seq, 1), deadline);
     });
   }
 
@@ -782,7 +837,7 @@ class GlooCommunicator : public Communicator {
       uint8_t* result = static_cast<uint8_t*>(out);
       uint8_t* mine = result + blocks.offset[rank_] * element_bytes;
       if (counts[rank_] > 0 && in != mine) std::memcpy(mine, in, counts[rank_] * element_bytes);
-      ring_allgather(result, blocks, element_bytes, slot(seq, 1), deadline);
+      gather_blocks(result, blocks, element_bytes, slot(seq, 1), deadline);
     });
   }
 
@@ -1038,6 +1093,19 @@ class GlooCommunicator : public Communicator {
   [[noreturn]] void handle_fault(const char* op, const PeerError& error, const Deadline& deadline) {
     std::string message = std::string("kolo gloo ") + op + " (rank " + std::to_string(rank_) +
                           " of " + std::to_string(size_) + "): ";
+    FaultReport aborted;
+    if (monitor_->aborted(&aborted.text, &aborted.ranks)) {
+      // Communicator::abort: this rank gives up on the ranks it names. The
+      // report lets peers that see the connections close name them too.
+      publish_report(aborted);
+      try {
+        context_->closeConnections();
+      } catch (const std::exception&) {
+      }
+      fault_ = message + aborted.text;
+      fault_ranks_ = aborted.ranks;
+      throw RuntimeFault(fault_, fault_ranks_);
+    }
     // The monitor knows which connection broke; the waited-on peer may be fine.
     const int suspect =
         error.timed_out || monitor_->broken_peer() < 0 ? error.peer : monitor_->broken_peer();
@@ -1237,6 +1305,34 @@ class GlooCommunicator : public Communicator {
       const int to = static_cast<int>(mod(rank_ + step, size_));
       channels.emplace_back(link(), to, result + rank_ * bytes, bytes, slot);
       channels.back().post_send(0, bytes);
+    }
+    for (auto& channel : channels) channel.drain(deadline);
+  }
+
+  // Allgather(v) of `blocks` in place in `result`: small ones directly (every
+  // block straight from its owner: one hop, and a wait always names the rank
+  // whose data is missing, which the engine's stall check reports), large
+  // ones by the ring.
+  void gather_blocks(uint8_t* result, const Blocks& blocks, size_t element_bytes, uint64_t slot,
+                     const Deadline& deadline) {
+    if (blocks.total * element_bytes > kDirectReduceBytes) {
+      ring_allgather(result, blocks, element_bytes, slot, deadline);
+      return;
+    }
+    std::vector<Channel> channels;
+    channels.reserve(2 * size_);
+    for (int step = 1; step < size_; ++step) {
+      const int from = static_cast<int>(mod(rank_ - step, size_));
+      const size_t bytes = blocks.length[from] * element_bytes;
+      channels.emplace_back(link(), from, result + blocks.offset[from] * element_bytes, bytes,
+                            slot);
+      channels.back().post_recv(0, bytes);
+    }
+    const size_t mine = blocks.length[rank_] * element_bytes;
+    for (int step = 1; step < size_; ++step) {
+      const int to = static_cast<int>(mod(rank_ + step, size_));
+      channels.emplace_back(link(), to, result + blocks.offset[rank_] * element_bytes, mine, slot);
+      channels.back().post_send(0, mine);
     }
     for (auto& channel : channels) channel.drain(deadline);
   }

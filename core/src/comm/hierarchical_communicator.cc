@@ -2,8 +2,10 @@
 #include "comm/hierarchical_communicator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -245,9 +247,23 @@ class HierarchicalCommunicator : public Communicator {
     });
   }
 
-  void abort(const std::string& reason) override {
-    if (broken_.empty()) broken_ = "aborted: " + reason;
-    for (auto* part : {p_.local.get(), p_.cross.get(), p_.flat.get()}) part->abort(reason);
+  // From any thread (communicator.h): the parts give up at once, so a call
+  // blocked in one fails and so do the peers; the caller sees `reason`.
+  bool abort(const std::string& reason, const std::vector<int>& ranks) override {
+    {
+      std::lock_guard<std::mutex> lock(abort_mutex_);
+      if (abort_requested_.load(std::memory_order_relaxed)) return true;
+      abort_reason_ =
+          ranks.empty() ? "rank " + std::to_string(p_.rank) + " aborted: " + reason : reason;
+      abort_ranks_ = ranks.empty() ? std::vector<int>{p_.rank} : ranks;
+      abort_requested_.store(true, std::memory_order_release);
+    }
+    for (auto* part : {p_.local.get(), p_.cross.get(), p_.flat.get()}) {
+      part->abort("rank " + std::to_string(p_.rank) + " of the hierarchical communicator gave up: " +
+                      reason,
+                  {});
+    }
+    return true;
   }
 
  private:
@@ -289,6 +305,7 @@ class HierarchicalCommunicator : public Communicator {
     } catch (const ContractError&) {
       throw;  // the part stays usable: a mismatch is every rank's error
     } catch (const RuntimeFault& fault) {
+      throw_if_abort_requested();
       const std::vector<int>& members = part == kLocal   ? local_members_
                                         : part == kCross ? cross_members_
                                                          : all_members();
@@ -348,13 +365,22 @@ class HierarchicalCommunicator : public Communicator {
     broken_ = message;
     broken_ranks_ = f.ranks;
     for (auto* part : {p_.local.get(), p_.cross.get(), p_.flat.get()}) {
-      part->abort("rank " + std::to_string(p_.rank) + " of the hierarchical communicator gave up");
+      part->abort("rank " + std::to_string(p_.rank) + " of the hierarchical communicator gave up",
+                  {});
     }
     if (f.timed_out) throw TimeoutError(message, f.ranks);
     throw RuntimeFault(message, f.ranks);
   }
 
+  // abort() was called (from any thread): its reason and ranks.
+  void throw_if_abort_requested() {
+    if (!abort_requested_.load(std::memory_order_acquire)) return;
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    throw RuntimeFault(abort_reason_, abort_ranks_);
+  }
+
   void throw_if_broken(const char* what) {
+    throw_if_abort_requested();
     if (broken_.empty()) return;
     throw RuntimeFault(std::string("kolo ") + what +
                            ": the hierarchical communicator is unusable after an earlier fault (" +
@@ -410,6 +436,10 @@ class HierarchicalCommunicator : public Communicator {
   Scratch slice_;
   std::string broken_;
   std::vector<int> broken_ranks_;
+  std::atomic<bool> abort_requested_{false};  // abort(): set once, from any thread
+  std::mutex abort_mutex_;
+  std::string abort_reason_;
+  std::vector<int> abort_ranks_;
 };
 
 }  // namespace

@@ -20,12 +20,18 @@
 // MPI_Finalize (OpenMPI's mpirun reports a process that exits without it as an
 // error). The handler cannot end the process: it sets MPI_ERRORS_RETURN first
 // and ignores the result. If the application initialised MPI, finalising is
-// the application's business. With MPI_THREAD_SERIALIZED, kolo serialises its
-// own MPI calls across communicators with a process-wide lock.
+// the application's business. After a fault (a timeout, an MPI error, an
+// abort()) the handler does not finalise: MPI_Finalize is collective, and a
+// rank that is stalled (stopped, stuck) would hold the survivors in it
+// forever. The process then exits without MPI_Finalize, which makes mpirun
+// end the whole job (and kill the stalled rank) at once. With
+// MPI_THREAD_SERIALIZED, kolo serialises its own MPI calls across
+// communicators with a process-wide lock.
 #include <mpi.h>
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -65,6 +71,8 @@ struct MpiProcess {
   std::mutex mutex;       // guards initialisation
   std::mutex call_mutex;  // serialises MPI calls below MPI_THREAD_MULTIPLE
   bool serialize_calls = false;
+  // Some communicator of this process failed: MPI_Finalize may never return.
+  std::atomic<bool> faulted{false};
 };
 
 MpiProcess& mpi_process() {
@@ -117,6 +125,7 @@ void finalize_mpi_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
+  if (mpi_process().faulted.load()) return;  // see the header comment
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Finalize();
 }
@@ -764,6 +773,7 @@ class MpiCommunicator : public Communicator {
   template <typename Body>
   void run(CallSignature sig, milliseconds timeout, Body&& body) {
     const char* op = collective_name(sig.kind);
+    if (fault_.empty() && abort_requested_.load(std::memory_order_acquire)) aborted();
     if (!fault_.empty()) {
       throw RuntimeFault(std::string("kolo mpi ") + op +
                          ": the communicator is unusable after "
@@ -832,6 +842,7 @@ class MpiCommunicator : public Communicator {
       }
       if (rc != MPI_SUCCESS) fail(op, rc);
       if (done) return;
+      if (abort_requested_.load(std::memory_order_acquire)) aborted();
       if (polls % 16 == 0) {  // the clock costs more than a poll
         const auto now = Clock::now();
         if (deadline.passed(now)) timed_out(op, deadline);
@@ -843,8 +854,31 @@ class MpiCommunicator : public Communicator {
     }
   }
 
+  // The ranks are unknown: an MPI collective does not say who is missing.
+  std::optional<std::vector<int>> waiting_for() const override { return std::nullopt; }
+
+  bool abort(const std::string& reason, const std::vector<int>& ranks) override {
+    {
+      std::lock_guard<std::mutex> lock(abort_mutex_);
+      if (abort_requested_.load()) return true;
+      abort_reason_ = reason;
+      abort_ranks_ = ranks;
+    }
+    abort_requested_.store(true, std::memory_order_release);
+    return true;
+  }
+
+  [[noreturn]] void aborted() {
+    // As after a timeout, the request stays pending for good.
+    mpi_process().faulted.store(true);
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    fault_ = abort_reason_;
+    throw RuntimeFault(abort_reason_, abort_ranks_);
+  }
+
   [[noreturn]] void timed_out(const char* op, const Deadline& deadline) {
     // MPI cannot cancel a collective: the request stays pending for good.
+    mpi_process().faulted.store(true);
     fault_ = "timed out after " + std::to_string(deadline.timeout().count()) + " ms";
     throw TimeoutError(std::string("kolo mpi ") + op + " (rank " + std::to_string(rank_) + " of " +
                        std::to_string(size_) + "): timed out after " +
@@ -854,6 +888,7 @@ class MpiCommunicator : public Communicator {
   }
 
   [[noreturn]] void fail(const char* op, int rc) {
+    mpi_process().faulted.store(true);
     fault_ = mpi_error_text(rc);
     throw RuntimeFault(std::string("kolo mpi ") + op + " (rank " + std::to_string(rank_) + " of " +
                        std::to_string(size_) + "): " + fault_ + "; the communicator is unusable");
@@ -870,6 +905,11 @@ class MpiCommunicator : public Communicator {
   std::string fault_;      // set once a fault made the communicator unusable
   P2PSequences p2p_sequences_;
   std::vector<std::weak_ptr<MpiP2POp>> p2p_pending_;  // to fail when the communicator goes away
+  // abort(), from any thread; read by wait().
+  std::atomic<bool> abort_requested_{false};
+  mutable std::mutex abort_mutex_;
+  std::string abort_reason_;
+  std::vector<int> abort_ranks_;
 };
 
 bool MpiP2POp::test() {

@@ -33,7 +33,8 @@
 // throws RuntimeFault naming the dead ranks; at the call's deadline it throws
 // TimeoutError naming the late ones. Either way it marks the segment aborted,
 // so every other rank stops waiting and fails too; the communicator is then
-// unusable (communicator.h).
+// unusable (communicator.h). abort() from another thread (the engine's stall
+// check) rings the bell; the waiter sees the request and fails the same way.
 #include <sched.h>
 #include <unistd.h>
 
@@ -41,6 +42,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -240,7 +242,6 @@ class ShmCommunicator final : public Communicator {
   void allreduce(const void* in, void* out, size_t count, DType dtype,
                  const AllreduceOptions& options) override;
   bool native_segments() const override { return true; }
-  void abort(const std::string& reason) override;
   void allreduce_segments(const std::vector<AllreduceSegment>& segments, DType dtype,
                           const AllreduceOptions& options) override;
   void allgather(const void* in, void* out, size_t count, DType dtype,
@@ -260,6 +261,9 @@ class ShmCommunicator final : public Communicator {
                   const P2POptions& options) override;
   P2PHandle irecv(void* data, size_t count, DType dtype, int peer,
                   const P2POptions& options) override;
+
+  std::optional<std::vector<int>> waiting_for() const override;
+  bool abort(const std::string& reason, const std::vector<int>& ranks) override;
 
  private:
   // --- segment access ---
@@ -306,7 +310,12 @@ class ShmCommunicator final : public Communicator {
 
   // --- faults ---
   [[noreturn]] void fail(const std::string& message, const std::vector<int>& ranks, bool timeout);
+  // Marks the segment aborted (the first call wins) and wakes every waiter of
+  // every rank. Thread-safe.
+  void mark_aborted(const std::string& message, const std::vector<int>& ranks);
   void throw_if_aborted(const char* what);
+  // Fails the call when abort() was called (from any thread).
+  void throw_if_abort_requested();
   void check_missing(uint64_t step, const Call& call, bool check_liveness);
   // Runs `body`; a RuntimeFault leaves the communicator unusable.
   template <typename Body>
@@ -338,6 +347,13 @@ class ShmCommunicator final : public Communicator {
   uint64_t calls_ = 0;  // collectives started (CallSignature::sequence)
   bool broken_ = false;
   std::string broken_reason_;
+  // The step wait_all() waits for, 0 when not waiting (read by waiting_for()).
+  std::atomic<uint64_t> waiting_step_{0};
+  // abort(): set once, then read by the calling thread.
+  std::atomic<bool> abort_requested_{false};
+  mutable std::mutex abort_mutex_;
+  std::string abort_reason_;
+  std::vector<int> abort_ranks_;
   std::vector<CallSignature> signatures_;  // scratch for check_signatures
   std::vector<const void*> inputs_;        // scratch for reduce_inputs
   std::vector<size_t> segment_starts_;     // scratch for SegmentedVector
@@ -393,6 +409,7 @@ void ShmCommunicator::start_p2p() {
                          ": this shm communicator is unusable after an earlier fault (" +
                          broken_reason_ + "); destroy it and build a new one with a fresh prefix");
     }
+    throw_if_abort_requested();
     throw_if_aborted(what.c_str());
   };
   hooks.fail = [this](const std::string& message, const std::vector<int>& ranks, bool timeout) {
@@ -541,7 +558,10 @@ void ShmCommunicator::wait_until(Ready ready, Check check, Clock::time_point dea
       cpu_relax();
       if (ready()) return;
       if ((i & 63) == 0) {
-        if (h->aborted.load(std::memory_order_relaxed) != 0) break;
+        if (h->aborted.load(std::memory_order_relaxed) != 0 ||
+            abort_requested_.load(std::memory_order_relaxed)) {
+          break;
+        }
         const auto now = Clock::now();
         if (now >= spin_end) break;
         // Let a runnable peer on this core go first (returns at once when there
@@ -577,6 +597,11 @@ void ShmCommunicator::wait_until(Ready ready, Check check, Clock::time_point dea
 void ShmCommunicator::wait_all(uint64_t step, const Call& call) {
   int missing = first_missing(step, 0);
   if (missing < 0) return;
+  struct Waiting {
+    std::atomic<uint64_t>& step;
+    ~Waiting() { step.store(0, std::memory_order_release); }
+  } waiting{waiting_step_};
+  waiting_step_.store(step, std::memory_order_release);
   try {
     wait_until(
         [&] {
@@ -607,6 +632,7 @@ void ShmCommunicator::wait_all(uint64_t step, const Call& call) {
 // missing rank destroyed its communicator, or (liveness checks) when it died.
 void ShmCommunicator::check_missing(uint64_t step, const Call& call, bool check_liveness) {
   const char* name = collective_name(call.kind);
+  throw_if_abort_requested();  // before the segment: this rank's own reason
   throw_if_aborted(name);
   std::vector<int> gone;
   std::vector<int> dead;
@@ -637,31 +663,26 @@ void ShmCommunicator::check_missing(uint64_t step, const Call& call, bool check_
 // ----------------------------------------------------------------------------
 // Faults
 
-void ShmCommunicator::fail(const std::string& message, const std::vector<int>& ranks,
-                           bool timeout) {
+void ShmCommunicator::mark_aborted(const std::string& message, const std::vector<int>& ranks) {
   Header* h = header();
   uint32_t expected = 0;
-  if (h->abort_claim.compare_exchange_strong(expected, static_cast<uint32_t>(rank_) + 1)) {
-    h->abort_rank = rank_;
-    h->num_failed = static_cast<int32_t>(std::min<size_t>(ranks.size(), kMaxFailedRanks));
-    for (int i = 0; i < h->num_failed; ++i) h->failed[i] = ranks[i];
-    std::snprintf(h->abort_reason, sizeof(h->abort_reason), "%s", message.c_str());
-    h->aborted.store(1, std::memory_order_release);
-    ring_bell();
-    if (p2p_) p2p_->wake_all();
-  }
+  if (!h->abort_claim.compare_exchange_strong(expected, static_cast<uint32_t>(rank_) + 1)) return;
+  h->abort_rank = rank_;
+  h->num_failed = static_cast<int32_t>(std::min<size_t>(ranks.size(), kMaxFailedRanks));
+  for (int i = 0; i < h->num_failed; ++i) h->failed[i] = ranks[i];
+  std::snprintf(h->abort_reason, sizeof(h->abort_reason), "%s", message.c_str());
+  h->aborted.store(1, std::memory_order_release);
+  ring_bell();
+  if (p2p_) p2p_->wake_all();
+}
+
+void ShmCommunicator::fail(const std::string& message, const std::vector<int>& ranks,
+                           bool timeout) {
+  mark_aborted(message, ranks);
   broken_ = true;
   broken_reason_ = message;
   if (timeout) throw TimeoutError(message, ranks);
   throw RuntimeFault(message, ranks);
-}
-
-void ShmCommunicator::abort(const std::string& reason) {
-  try {
-    fail("rank " + std::to_string(rank_) + " aborted: " + reason, {rank_}, false);
-  } catch (const RuntimeFault&) {
-    // fail() marks the segment aborted and throws for callers in a call.
-  }
 }
 
 void ShmCommunicator::throw_if_aborted(const char* what) {
@@ -674,6 +695,45 @@ void ShmCommunicator::throw_if_aborted(const char* what) {
   broken_ = true;
   broken_reason_ = message;
   throw RuntimeFault(message, failed);
+}
+
+void ShmCommunicator::throw_if_abort_requested() {
+  if (!abort_requested_.load(std::memory_order_acquire)) return;
+  std::string reason;
+  std::vector<int> ranks;
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    reason = abort_reason_;
+    ranks = abort_ranks_;
+  }
+  fail(reason, ranks, false);
+}
+
+std::optional<std::vector<int>> ShmCommunicator::waiting_for() const {
+  std::vector<int> late;
+  const uint64_t step = waiting_step_.load(std::memory_order_acquire);
+  if (step == 0) return late;
+  for (int k = 0; k < size_; ++k) {
+    if (k != rank_ && control(k)->posted.load(std::memory_order_acquire) < step) late.push_back(k);
+  }
+  return late;
+}
+
+bool ShmCommunicator::abort(const std::string& reason, const std::vector<int>& ranks) {
+  const bool by_itself = ranks.empty();
+  const std::string message =
+      by_itself ? "rank " + std::to_string(rank_) + " aborted: " + reason : reason;
+  const std::vector<int> blamed = by_itself ? std::vector<int>{rank_} : ranks;
+  {
+    std::lock_guard<std::mutex> lock(abort_mutex_);
+    if (abort_requested_.load(std::memory_order_relaxed)) return true;
+    abort_reason_ = message;
+    abort_ranks_ = blamed;
+  }
+  abort_requested_.store(true, std::memory_order_release);
+  // Peers fail at once; this rank's waiter sees the request (check_missing).
+  mark_aborted(message, blamed);
+  return true;
 }
 
 template <typename Body>
@@ -698,6 +758,7 @@ Call ShmCommunicator::open_call(CollectiveKind kind, std::chrono::milliseconds t
                        ": this shm communicator is unusable after an earlier fault (" +
                        broken_reason_ + "); destroy it and build a new one with a fresh prefix");
   }
+  throw_if_abort_requested();
   throw_if_aborted(collective_name(kind));
   Call call;
   call.kind = kind;

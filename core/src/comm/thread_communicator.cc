@@ -204,6 +204,27 @@ class ThreadWorld {
     changed_.notify_all();
   }
 
+  // The ranks `rank`'s rendezvous in progress waits for (empty: none).
+  std::vector<int> waiting_for(int rank) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<int> missing;
+    if (fault_ || !arrived_flags_[rank]) return missing;
+    for (int r = 0; r < size_; ++r) {
+      if (!arrived_flags_[r]) missing.push_back(r);
+    }
+    return missing;
+  }
+
+  // Breaks the world: every rendezvous in progress and later fails.
+  void abort(const std::string& reason, const std::vector<int>& ranks) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (fault_) return;
+      fault_ = Fault{reason, ranks, false};
+    }
+    changed_.notify_all();
+  }
+
  private:
   struct Fault {
     std::string message;
@@ -255,7 +276,7 @@ class ThreadWorld {
   }
 
   const int size_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::vector<Post> posts_;     // being filled for the current exchange
   std::vector<Post> snapshot_;  // of the last completed exchange
@@ -334,6 +355,18 @@ class ThreadCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return world_->size(); }
   const char* backend() const override { return "threads"; }
+
+  std::optional<std::vector<int>> waiting_for() const override {
+    return world_->waiting_for(rank_);
+  }
+  bool abort(const std::string& reason, const std::vector<int>& ranks) override {
+    if (ranks.empty()) {
+      world_->abort("rank " + std::to_string(rank_) + " aborted: " + reason, {rank_});
+    } else {
+      world_->abort(reason, ranks);
+    }
+    return true;
+  }
 
   void allreduce(const void* in, void* out, size_t count, DType dtype,
                  const AllreduceOptions& options) override {

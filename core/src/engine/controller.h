@@ -84,8 +84,8 @@ struct ControllerOptions {
   std::vector<int> world_ranks;  // members, sorted; the index is the set rank
   int set_rank = 0;
   int cache_capacity = 1024;
-  double stall_warning_seconds = 60;
-  double stall_shutdown_seconds = 600;
+  double stall_warning_seconds = 30;
+  double stall_shutdown_seconds = 300;
 };
 
 class Controller {

@@ -91,6 +91,13 @@ void Engine::Impl::run() {
       autotuner = std::make_unique<detail::Autotuner>(ao);
     }
 
+    // Sees a rank that does not negotiate at all (stall_inspector.h).
+    detail::NegotiationWatch::Options watch_options;
+    watch_options.warning_seconds = options.stall_warning_seconds;
+    watch_options.shutdown_seconds = options.stall_shutdown_seconds;
+    watch_options.on_abort = options.on_stall_abort;
+    detail::NegotiationWatch watch(watch_options, logger);
+
     int idle_cycles = 0;
     for (;;) {
       const Clock::time_point start = Clock::now();
@@ -104,8 +111,10 @@ void Engine::Impl::run() {
         if (i == 0) {
           for (size_t j = 1; j < active.size(); ++j) busy_elsewhere |= !active[j]->pending.empty();
         }
+        watch.enter(set.comm, &set.ranks, set.set_rank, set.id);
         Controller::Outcome outcome =
             set.controller->negotiate(i == 0 && shutdown_requested, busy_elsewhere);
+        watch.leave();
         if (outcome.shutdown) {
           stop = true;
           break;

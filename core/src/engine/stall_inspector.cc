@@ -1,6 +1,9 @@
 #include "engine/stall_inspector.h"
 
+#include <algorithm>
 #include <cstdio>
+
+#include "kolo/core/communicator.h"
 
 namespace kolo::detail {
 
@@ -75,6 +78,119 @@ std::vector<StallVerdict> StallInspector::inspect(const std::vector<Waiting>& st
     }
   }
   return verdicts;
+}
+
+// ---- NegotiationWatch ------------------------------------------------------
+
+NegotiationWatch::NegotiationWatch(Options options, Logger logger)
+    : options_(options),
+      logger_(logger),
+      warning_(seconds(options.warning_seconds)),
+      shutdown_(seconds(options.shutdown_seconds)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+NegotiationWatch::~NegotiationWatch() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void NegotiationWatch::enter(Communicator* comm, const std::vector<int>* world_ranks, int set_rank,
+                             int process_set) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  comm_ = comm;
+  world_ranks_ = world_ranks;
+  set_rank_ = set_rank;
+  process_set_ = process_set;
+  since_ = Clock::now();
+  warned_ = false;
+}
+
+void NegotiationWatch::leave() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  comm_ = nullptr;
+  world_ranks_ = nullptr;
+}
+
+void NegotiationWatch::run() {
+  // A few looks per warning period: the warning comes within ~1/4 of it late.
+  const auto period = std::clamp<Clock::duration>(warning_ / 4, std::chrono::milliseconds(10),
+                                                  std::chrono::seconds(1));
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_) {
+    wake_.wait_for(lock, period);
+    if (!stop_) check(Clock::now());
+  }
+}
+
+std::string NegotiationWatch::ranks_text(const std::vector<int>& set_ranks) const {
+  std::string text = set_ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < set_ranks.size(); ++i) {
+    const int r = set_ranks[i];
+    const int world = world_ranks_ != nullptr && r < static_cast<int>(world_ranks_->size())
+                          ? (*world_ranks_)[r]
+                          : r;
+    text += (i > 0 ? ", " : "") + std::to_string(world);
+  }
+  return text;
+}
+
+void NegotiationWatch::check(Clock::time_point now) {
+  if (comm_ == nullptr || aborted_) return;
+  const auto waited = now - since_;
+  if (waited < warning_) return;
+  const std::optional<std::vector<int>> missing = comm_->waiting_for();
+  if (missing && missing->empty()) return;  // between two waits of the negotiation
+  const double waited_s = std::chrono::duration<double>(waited).count();
+  const std::string who =
+      missing ? ranks_text(*missing)
+              : "a rank (the " + std::string(comm_->backend()) + " backend cannot tell which)";
+  const std::string where =
+      process_set_ == 0 ? "" : " of process set " + std::to_string(process_set_);
+  const bool shut_down = options_.shutdown_seconds > 0 && waited >= shutdown_;
+  if (shut_down) {
+    const std::string reason =
+        "kolo engine: " + who + " did not take part in the negotiation" + where + " for " +
+        format_seconds(waited_s) +
+        " s (KOLO_STALL_SHUTDOWN_SECONDS): frozen (SIGSTOP, a debugger), stuck, or its engine "
+        "thread is blocked; this rank gives up on the world";
+    std::vector<int> failed;
+    if (missing) {
+      for (int r : *missing) {
+        failed.push_back(world_ranks_ != nullptr && r < static_cast<int>(world_ranks_->size())
+                             ? (*world_ranks_)[r]
+                             : r);
+      }
+    }
+    logger_.error(reason);
+    aborted_ = comm_->abort(reason, failed);
+    if (options_.on_abort) options_.on_abort(reason, failed);
+    return;
+  }
+  // The lowest rank that is not missing speaks for everyone waiting.
+  bool speaker = true;
+  if (missing) {
+    for (int r = 0; r < set_rank_; ++r) {
+      if (std::find(missing->begin(), missing->end(), r) == missing->end()) speaker = false;
+    }
+  }
+  if (!speaker || (warned_ && now - last_warning_ < warning_)) return;
+  warned_ = true;
+  last_warning_ = now;
+  std::string message = "stall: the negotiation" + where + " has waited " +
+                        format_seconds(waited_s) + " s (more than KOLO_STALL_WARNING_SECONDS " +
+                        format_seconds(options_.warning_seconds) + ") for " + who +
+                        ": frozen (SIGSTOP, a debugger), stuck, its engine thread blocked, or "
+                        "busy in a long collective of another process set";
+  if (options_.shutdown_seconds > 0) {
+    message += "; pending requests fail with RuntimeFault after " +
+               format_seconds(options_.shutdown_seconds) + " s (KOLO_STALL_SHUTDOWN_SECONDS)";
+  }
+  logger_.warning(message);
 }
 
 }  // namespace kolo::detail

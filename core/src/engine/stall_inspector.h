@@ -1,4 +1,9 @@
-// Stall inspector (internal): finds requests that some ranks of a process set
+// Stall checks (internal), two of them:
+//  - StallInspector: requests some ranks of a process set submitted and others
+//    did not (the ranks are all there, negotiating; one never submits);
+//  - NegotiationWatch: a rank that does not negotiate at all (frozen, stuck).
+//
+// StallInspector: finds requests that some ranks of a process set
 // submitted and others did not, warns about them, and eventually fails them.
 //
 // Runs on set rank 0 only, which sees every rank's uncached requests in its
@@ -14,11 +19,19 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/message.h"
 #include "log.h"
+
+namespace kolo {
+class Communicator;
+}
 
 namespace kolo::detail {
 
@@ -27,8 +40,8 @@ class StallInspector {
   using Clock = std::chrono::steady_clock;
 
   struct Options {
-    double warning_seconds = 60;
-    double shutdown_seconds = 600;  // 0 = never fail
+    double warning_seconds = 30;
+    double shutdown_seconds = 300;  // 0 = never fail
     int process_set = 0;
     std::vector<int> world_ranks;  // of the set, for messages
   };
@@ -64,6 +77,70 @@ class StallInspector {
   Clock::duration shutdown_;
   Clock::time_point last_warning_{};
   bool warned_ = false;
+};
+
+// NegotiationWatch: watches the engine thread's negotiation from a thread of
+// its own. The StallInspector runs inside negotiation, so it never sees a
+// rank that does not arrive at all: a frozen process (SIGSTOP, a debugger),
+// or an engine thread blocked elsewhere (e.g. in a completion callback),
+// holds every other rank in the negotiation's first allreduce until the
+// communicator's timeout (KOLO_TIMEOUT_SECONDS).
+//  - after KOLO_STALL_WARNING_SECONDS in one negotiation, a warning names the
+//    ranks the communicator still waits for (Communicator::waiting_for); the
+//    lowest rank that is not missing logs it (every rank when the backend
+//    cannot tell, mpi); repeated each warning period;
+//  - after KOLO_STALL_SHUTDOWN_SECONDS (> 0) it aborts the communicator
+//    (Communicator::abort): the negotiation throws RuntimeFault naming those
+//    ranks, and the engine fails every pending request with it. Every rank
+//    waiting does so at about the same time; shm and gloo also fail their
+//    peers at once.
+// A rank busy in a long collective of a process set it belongs to also holds
+// the others' negotiation; the warning says so.
+class NegotiationWatch {
+ public:
+  using Clock = std::chrono::steady_clock;
+  struct Options {
+    double warning_seconds = 30;
+    double shutdown_seconds = 300;  // 0 = never abort (the communicator's timeout applies)
+    // Called after an abort (EngineOptions::on_stall_abort).
+    std::function<void(const std::string& reason, const std::vector<int>& ranks)> on_abort;
+  };
+
+  NegotiationWatch(Options options, Logger logger);
+  ~NegotiationWatch();  // stops and joins the thread
+  NegotiationWatch(const NegotiationWatch&) = delete;
+  NegotiationWatch& operator=(const NegotiationWatch&) = delete;
+
+  // Engine thread, around one negotiation on `comm` (a process set whose
+  // world ranks are `world_ranks`, this rank being `set_rank`). Cheap: a lock
+  // and a clock read. `comm` and `world_ranks` must stay valid until leave().
+  void enter(Communicator* comm, const std::vector<int>* world_ranks, int set_rank,
+             int process_set);
+  void leave();
+
+ private:
+  void run();
+  // Under mutex_: warns and aborts when due.
+  void check(Clock::time_point now);
+  std::string ranks_text(const std::vector<int>& set_ranks) const;
+
+  Options options_;
+  Logger logger_;
+  Clock::duration warning_;
+  Clock::duration shutdown_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  // The negotiation in progress (comm_ null: none).
+  Communicator* comm_ = nullptr;
+  const std::vector<int>* world_ranks_ = nullptr;
+  int set_rank_ = 0;
+  int process_set_ = 0;
+  Clock::time_point since_{};
+  Clock::time_point last_warning_{};
+  bool warned_ = false;
+  bool aborted_ = false;
+  std::thread thread_;
 };
 
 }  // namespace kolo::detail

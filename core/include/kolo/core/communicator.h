@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -154,16 +155,6 @@ class Communicator {
 
   virtual void barrier(const CollectiveOptions& options) = 0;
 
-  // Gives up on this communicator from outside a call (a composite whose
-  // other part failed, a caller that stops waiting): it becomes unusable,
-  // and peers blocked in a call with it, or entering one, fail at once with
-  // a RuntimeFault whose failed_ranks() name this rank (the shm backend marks
-  // the shared segment aborted with `reason`; gloo publishes its fault report
-  // and closes its connections). Backends that cannot tell their peers (mpi,
-  // threads) only do nothing: their peers fail at their own timeout. Not
-  // concurrent with a call on this communicator.
-  virtual void abort(const std::string& reason) { (void)reason; }
-
   // Tensor fusion without a fusion buffer. allreduce_segments is one
   // allreduce of the concatenation of `segments` (in list order): the same
   // collective as allreduce() with count = the sum of the segments' counts,
@@ -202,6 +193,33 @@ class Communicator {
                           const P2POptions& options);
   virtual P2PHandle irecv(void* data, size_t count, DType dtype, int peer,
                           const P2POptions& options);
+
+  // Both are thread-safe and never block: a watchdog (the engine's stall
+  // check, engine/stall_inspector.h) calls them while a call of this
+  // communicator is blocked in another thread.
+  //
+  // The ranks the call in progress still waits for, as far as the transport
+  // can tell: an empty list when no call waits, nullopt when the transport
+  // cannot tell (mpi).
+  virtual std::optional<std::vector<int>> waiting_for() const { return std::nullopt; }
+  // Gives up on this communicator: the call in progress, if any, and every
+  // later call on this rank fail with RuntimeFault(reason, ranks), and it is
+  // unusable. `ranks` are the ranks blamed (a watchdog names the missing
+  // ones); empty means this rank gives up by itself (a composite whose other
+  // part failed, a caller that stops waiting): the message becomes "rank R
+  // aborted: <reason>" and peers name this rank. Peers blocked on this rank,
+  // or entering a call with it, fail at once with a RuntimeFault naming the
+  // blamed ranks (shm marks the shared segment aborted; gloo publishes its
+  // fault report and closes its connections; threads breaks the world). mpi
+  // ends only this rank's call, with `ranks` as given (empty: unknown), and
+  // its peers fail at their own timeout.
+  // Returns false when the backend cannot end a call in progress (it then
+  // ends at its timeout).
+  virtual bool abort(const std::string& reason, const std::vector<int>& ranks) {
+    (void)reason;
+    (void)ranks;
+    return false;
+  }
 };
 
 // How to build one communicator. Every member builds it with the same `prefix`

@@ -91,13 +91,19 @@ struct EngineOptions {
   double cycle_time_ms = 1.0;                 // KOLO_CYCLE_TIME_MS
   int64_t fusion_threshold_bytes = 64 << 20;  // KOLO_FUSION_THRESHOLD_BYTES; 0 = no fusion
   int cache_capacity = 1024;                  // KOLO_CACHE_CAPACITY; 0 = no cache
-  double stall_warning_seconds = 60;          // KOLO_STALL_WARNING_SECONDS
-  double stall_shutdown_seconds = 600;        // KOLO_STALL_SHUTDOWN_SECONDS; 0 = never
+  double stall_warning_seconds = 30;          // KOLO_STALL_WARNING_SECONDS
+  double stall_shutdown_seconds = 300;        // KOLO_STALL_SHUTDOWN_SECONDS; 0 = never
   std::string timeline_path;                  // KOLO_TIMELINE; "" = off
   bool timeline_all_ranks = false;            // KOLO_TIMELINE_ALL_RANKS: path.rank<N>.json
   bool autotune = false;                      // KOLO_AUTOTUNE
   std::string autotune_log;                   // KOLO_AUTOTUNE_LOG; "" = stderr only
   std::string log_level = "warning";          // KOLO_LOG_LEVEL (stall warnings, faults)
+  // Called, from the engine's stall-watch thread, after the engine aborted
+  // its communicator because a rank stopped negotiating for
+  // stall_shutdown_seconds (the reason and the missing world ranks). The
+  // Runtime aborts its world communicator with it, so that a collective
+  // called on that directly (e.g. an elastic commit) fails at once too.
+  std::function<void(const std::string& reason, const std::vector<int>& ranks)> on_stall_abort;
 
   static EngineOptions from_config(const Config& config);
 };

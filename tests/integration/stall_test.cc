@@ -1,0 +1,116 @@
+// A frozen rank (tests/workers/stall_worker.cc stops itself with SIGSTOP)
+// under kolorun: the engine's NegotiationWatch (engine/stall_inspector.h)
+// names it within KOLO_STALL_WARNING_SECONDS and fails the others' pending
+// work after KOLO_STALL_SHUTDOWN_SECONDS, far before --timeout; kolorun then
+// stops the job, SIGKILLing the stopped rank after --grace.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "kolorun_harness.h"
+#include "temp_dir.h"
+
+namespace kolo::kolorun_test {
+namespace {
+
+using std::chrono::seconds;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+class FrozenRank : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FrozenRank, IsNamedByTheStallWarningAndFailsTheOthersAfterTheShutdownTime) {
+  const std::string backend = GetParam();
+  if (backend == "gloo" && !KOLO_HAVE_GLOO) GTEST_SKIP() << "built without gloo";
+  // --timeout 600: only the stall check can end this within the watchdog.
+  const RunResult r = run_kolorun(
+      {"-np", "3", "--backend", backend, "--timeout", "600", "--grace", "1", "--tag-output",
+       worker_path("stall_worker"), "--steps", "100000", "--freeze", "2@20"},
+      seconds(60), {"KOLO_STALL_WARNING_SECONDS=1", "KOLO_STALL_SHUTDOWN_SECONDS=3"});
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err,
+                       "[1,0]<stderr>:kolo[rank 0] warning: stall: the negotiation has "
+                       "waited"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "(more than KOLO_STALL_WARNING_SECONDS 1.0) for rank 2: frozen"))
+      << r.err;
+  EXPECT_FALSE(contains(r.err, "kolo[rank 1] warning: stall")) << "one rank warns\n" << r.err;
+  // Every survivor's pending allreduce failed with the recoverable error,
+  // naming rank 2, not with a timeout.
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto lines = tagged_lines(r.out, rank);
+    ASSERT_FALSE(lines.empty()) << r.out << r.err;
+    EXPECT_TRUE(contains(lines.back(), "rank " + std::to_string(rank) + ": fault: "))
+        << lines.back();
+    EXPECT_TRUE(contains(lines.back(), "KOLO_STALL_SHUTDOWN_SECONDS")) << lines.back();
+    EXPECT_TRUE(contains(lines.back(), "[failed ranks: 2]")) << lines.back();
+  }
+  EXPECT_FALSE(contains(r.out + r.err, "timed out after 600000 ms")) << r.out << r.err;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, FrozenRank, ::testing::Values("shm", "gloo"));
+
+#if KOLO_HAVE_MPI
+// --backend mpi with a frozen rank and the stall check off: the others' allreduce
+// times out (--timeout 3) and they exit. Before, rank 0 then blocked forever in
+// MPI_Finalize at exit (collective, and rank 2 never arrives), so mpirun never
+// exited; now a process whose MPI communicator failed skips it, mpirun ends
+// the job and kills rank 2, and OpenMPI's shared-memory segments (in a
+// directory of the test's own) are gone.
+TEST(MpiStalledRank, TheJobEndsWithinTheTimeoutAndLeavesNoSegment) {
+  const kolo::testing::TempDir temp("kolo-test-vader", "/dev/shm");
+  const std::string& dir = temp.path();
+  const RunResult r =
+      run_kolorun({"-np", "3", "--backend", "mpi", "--timeout", "3", "--tag-output",
+                   worker_path("stall_worker"), "--steps", "100000", "--freeze", "2@20"},
+                  seconds(60),
+                  {"KOLO_STALL_SHUTDOWN_SECONDS=0", "OMPI_MCA_btl_vader_backing_directory=" + dir,
+                   "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"});
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto lines = tagged_lines(r.out, rank);
+    ASSERT_FALSE(lines.empty()) << r.out << r.err;
+    EXPECT_TRUE(contains(lines.back(), "timed out after 3000 ms")) << lines.back();
+  }
+  const std::vector<int> pids = int_values(r.out, "pid");
+  EXPECT_EQ(pids.size(), 3u) << r.out;
+  for (int pid : pids) EXPECT_TRUE(wait_gone(pid, seconds(10))) << "pid " << pid << " outlived";
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    left.push_back(entry.path().filename());
+  }
+  EXPECT_TRUE(left.empty()) << "left in " << dir << ": " << left.front();
+}
+#endif
+
+// Rank 1 exits before its init while rank 0 waits in the shm rendezvous,
+// holding the segment's name; kolorun stops rank 0 with SIGTERM, which ends
+// it before it can unlink the name. kolorun removes it when it reaps rank 0.
+// Before, /dev/shm/kolo-<pid>-* stayed until a later job's stale-segment
+// sweep.
+TEST(ShmRendezvous, AnInterruptedInitLeavesNoSegment) {
+  const RunResult r =
+      run_kolorun({"-np", "2", "--backend", "shm", "--timeout", "60", "--tag-output",
+                   worker_path("stall_worker"), "--exit-before-init", "1"},
+                  seconds(40));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  const std::vector<int> pids = int_values(r.out, "pid");
+  ASSERT_EQ(pids.size(), 2u) << r.out;
+  for (int pid : pids) {
+    const std::string prefix = "kolo-" + std::to_string(pid) + "-";
+    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+      const std::string name = entry.path().filename();
+      EXPECT_NE(name.rfind(prefix, 0), 0u) << "left behind: /dev/shm/" << name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kolo::kolorun_test
