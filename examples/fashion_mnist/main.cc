@@ -31,9 +31,11 @@
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iterator>
 #include <memory>
@@ -79,6 +81,7 @@ struct Flags {
   bool balance = false;       // split each global batch by the workers' speed (BatchBalancer)
   bool elastic = false;       // train with kolo::elastic::run (kolorun --min-np/--max-np)
   int64_t commit_every = 20;  // --elastic: steps between commits
+  std::string stop_at;  // --elastic: "EPOCH:STEP" (1-based epoch) to stop at, after its commit
 };
 
 fashion_mnist::ScheduleChoice schedule_choice(const Flags& flags) {
@@ -171,6 +174,7 @@ struct Evaluation {
 struct EpochRecord {
   int epoch = 0;  // 1-based
   double seconds = 0;
+  int64_t images = 0;       // training images the row's metrics cover, the whole world's
   double images_per_s = 0;  // the whole world's
   double train_loss = 0;
   double train_accuracy = 0;
@@ -183,11 +187,12 @@ void print_summary(const std::vector<EpochRecord>& records, int workers, int thr
               static_cast<long long>(global_batch));
   std::printf(
       "| epoch | epoch time (s) | images/sec | train loss | train accuracy | test loss | "
-      "test accuracy |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+      "test accuracy | train images |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
   for (const EpochRecord& r : records) {
-    std::printf("| %d | %.1f | %.1f | %.4f | %.4f | %.4f | %.4f |\n", r.epoch, r.seconds,
-                r.images_per_s, r.train_loss, r.train_accuracy, r.test.loss, r.test.accuracy);
+    std::printf("| %d | %.1f | %.1f | %.4f | %.4f | %.4f | %.4f | %lld |\n", r.epoch, r.seconds,
+                r.images_per_s, r.train_loss, r.train_accuracy, r.test.loss, r.test.accuracy,
+                static_cast<long long>(r.images));
   }
   std::fflush(stdout);
 }
@@ -425,7 +430,8 @@ int run(const Flags& flags) {
       }
       std::fflush(stdout);
     }
-    records.push_back({epoch + 1, epoch_s, images_per_s, train_loss, train_accuracy, eval});
+    records.push_back(
+        {epoch + 1, epoch_s, seen * workers, images_per_s, train_loss, train_accuracy, eval});
 
     // Checkpoint (atomically, collective): rank 0 writes the whole model and
     // its optimizer at --zero-stage 0, every worker its shard at stages 1-3.
@@ -460,6 +466,57 @@ int run(const Flags& flags) {
 // the new world shares out the images of the epoch not yet taken. The steps
 // done since that commit are done again: at most --commit-every of them.
 // (docs/elastic.md)
+
+// The epoch's training metrics over the whole world, committed with the
+// state so that an epoch's summary row covers the whole epoch, whatever
+// re-formations happened in it: each commit adds the world's sums since the
+// previous commit; a restore returns to the committed sums, so steps done
+// again after a fault count once.
+struct EpochTotals {
+  double loss_sum = 0;  // sum over the images of the loss
+  double correct = 0;
+  double images = 0;
+  double started = 0;  // when the epoch's first step ran, system_clock seconds (0: not yet)
+};
+
+// TorchState plus the totals (elastic.h: a State serialises what it holds).
+class ElasticTraining : public kolo::elastic::TorchState {
+ public:
+  using TorchState::TorchState;
+  EpochTotals totals;
+
+ protected:
+  kolo::Bytes serialize() override {
+    kolo::Bytes bytes = TorchState::serialize();
+    const auto* raw = reinterpret_cast<const uint8_t*>(&totals);
+    bytes.insert(bytes.end(), raw, raw + sizeof(totals));
+    return bytes;
+  }
+  void deserialize(const kolo::Bytes& bytes) override {
+    if (bytes.size() < sizeof(totals)) {
+      throw std::runtime_error("elastic commit too short for the epoch totals");
+    }
+    const size_t state_bytes = bytes.size() - sizeof(totals);
+    std::memcpy(&totals, bytes.data() + state_bytes, sizeof(totals));
+    TorchState::deserialize(kolo::Bytes(bytes.begin(), bytes.begin() + state_bytes));
+  }
+};
+
+// FNV-1a over the bytes of every parameter, in registration order.
+uint64_t parameters_fingerprint(torch::nn::Module& model) {
+  uint64_t hash = 1469598103934665603ULL;
+  for (const torch::Tensor& p : model.parameters()) {
+    const torch::Tensor t = p.detach().contiguous();
+    const auto* bytes = static_cast<const uint8_t*>(t.data_ptr());
+    for (size_t i = 0; i < t.nbytes(); ++i) hash = (hash ^ bytes[i]) * 1099511628211ULL;
+  }
+  return hash;
+}
+
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 int run_elastic(const Flags& flags) {
   const int threads = flags.threads > 0 ? flags.threads : default_threads();
   torch::set_num_threads(threads);
@@ -476,7 +533,8 @@ int run_elastic(const Flags& flags) {
       fashion_mnist::make_optimizer(choice, *model);
 
   // The state that survives a change. With --checkpoint-dir rank 0 also
-  // writes every commit to <dir>/elastic.commit, and --resume starts from it.
+  // writes every commit to <dir>/elastic.commit (--resume starts from it) and
+  // the state each round starts from to <dir>/round<k>.start.
   kolo::DistributedSamplerOptions shard;
   shard.seed = flags.seed;
   kolo::elastic::State::Options commit_options;
@@ -484,8 +542,8 @@ int run_elastic(const Flags& flags) {
     std::filesystem::create_directories(flags.checkpoint_dir);
     commit_options.commit_path = flags.checkpoint_dir + "/elastic.commit";
   }
-  kolo::elastic::TorchState state(*model, base_optimizer.get(), static_cast<size_t>(train_size),
-                                  shard, commit_options);
+  ElasticTraining state(*model, base_optimizer.get(), static_cast<size_t>(train_size), shard,
+                        commit_options);
   // A missing, truncated or corrupt commit file is an error naming it.
   if (flags.resume) state.load_commit_file(commit_options.commit_path);
 
@@ -504,16 +562,35 @@ int run_elastic(const Flags& flags) {
     const kolo::LrSchedule schedule(fashion_mnist::schedule_options(
         choice.lr, schedule_choice(flags), workers,
         (train_size + flags.batch_size * workers - 1) / (flags.batch_size * workers)));
+    // Dropout's masks: seeded by the rank and the point the round resumes
+    // from, so that a world of the same size resuming from the same commit
+    // trains exactly alike (kolo-bench chaos replays rounds that way).
     torch::manual_seed(flags.seed + 1000003ULL * static_cast<uint64_t>(rank + 1) +
-                       7919ULL * static_cast<uint64_t>(state.round()));
+                       7919ULL * static_cast<uint64_t>(state.epoch * 1000003 + state.batch));
     if (chief) {
       std::printf("Round %lld: %d worker(s), %s backend; epoch %lld resumes at step %lld\n",
                   static_cast<long long>(state.round()), workers, kolo::runtime().world().backend(),
                   static_cast<long long>(state.epoch + 1), static_cast<long long>(state.batch));
+      std::printf("round_start_params_fnv1a=%016llx\n",
+                  static_cast<unsigned long long>(parameters_fingerprint(*model)));
       std::fflush(stdout);
+      if (!flags.checkpoint_dir.empty() && !state.committed().empty()) {
+        // The state this round trains from (rank 0's last commit, which sync()
+        // gave everyone; no file: the initial model), for replays.
+        state.write_commit_file(flags.checkpoint_dir + "/round" + std::to_string(state.round()) +
+                                ".start");
+      }
     }
+    // --stop-at EPOCH:STEP: true once the commit at that point is made.
+    auto at_stop = [&] {
+      return !flags.stop_at.empty() &&
+             flags.stop_at == std::to_string(state.epoch + 1) + ":" + std::to_string(state.batch);
+    };
 
     while (state.epoch < flags.epochs) {
+      if (chief && state.batch == 0) {
+        std::printf("Epoch %lld/%d\n", static_cast<long long>(state.epoch + 1), flags.epochs);
+      }
       // This world's share of the images of the epoch not yet taken.
       kolo::DistributedSampler& sampler = state.sampler();
       const int64_t left = static_cast<int64_t>(sampler.size()) - sampler.position().next_index;
@@ -522,7 +599,24 @@ int run_elastic(const Flags& flags) {
       double loss_sum = 0;  // over this worker's images of this epoch in this round
       int64_t correct = 0;
       int64_t seen = 0;
+      double uncommitted[3] = {0, 0, 0};  // loss sum, correct, images since the last commit
       const Clock::time_point start = Clock::now();
+      if (state.totals.started == 0) state.totals.started = wall_seconds();
+      // Adds the world's sums since the last commit to the totals, then
+      // commits; true when --stop-at's point is reached.
+      auto commit = [&] {
+        kolo::TensorOpOptions sum;
+        sum.op = kolo::ReduceOp::kSum;
+        const torch::Tensor sums = kolo::allreduce(
+            torch::tensor({uncommitted[0], uncommitted[1], uncommitted[2]}, torch::kDouble),
+            "epoch_totals", sum);
+        state.totals.loss_sum += sums[0].item<double>();
+        state.totals.correct += sums[1].item<double>();
+        state.totals.images += sums[2].item<double>();
+        std::fill(std::begin(uncommitted), std::end(uncommitted), 0.0);
+        state.commit();
+        return at_stop();
+      };
       while (auto rows = sampler.next(static_cast<size_t>(flags.batch_size))) {
         const torch::Tensor index =
             torch::tensor(std::vector<int64_t>(rows->begin(), rows->end()), torch::kLong);
@@ -539,22 +633,30 @@ int run_elastic(const Flags& flags) {
         loss.backward();
         optimizer.step();  // a dead peer makes this throw; run() takes it from there
         ++state.batch;
-        if (state.batch % flags.commit_every == 0) state.commit();
 
-        loss_sum += loss.item<double>() * static_cast<double>(labels.size(0));
-        correct += logits.argmax(1).eq(labels).sum().item<int64_t>();
+        const double batch_loss = loss.item<double>() * static_cast<double>(labels.size(0));
+        const int64_t batch_correct = logits.argmax(1).eq(labels).sum().item<int64_t>();
+        loss_sum += batch_loss;
+        correct += batch_correct;
         seen += labels.size(0);
+        uncommitted[0] += batch_loss;
+        uncommitted[1] += static_cast<double>(batch_correct);
+        uncommitted[2] += static_cast<double>(labels.size(0));
         if (chief && state.batch % log_every == 0 && state.batch < steps) {
           print_progress(state.batch, steps, seconds_since(start),
                          loss_sum / static_cast<double>(seen),
                          static_cast<double>(correct) / static_cast<double>(seen), false);
         }
+        if (state.batch % flags.commit_every == 0 && commit()) return;
       }
-      const double epoch_s = seconds_since(start);
-      const double denominator = static_cast<double>(std::max<int64_t>(seen, 1));
-      const double train_loss = kolo::metric_average(loss_sum / denominator, "loss");
-      const double train_accuracy =
-          kolo::metric_average(static_cast<double>(correct) / denominator, "accuracy");
+      // The whole epoch, across every round it took (the totals committed so
+      // far plus this round's rest).
+      if (commit()) return;  // the end of an epoch is always a commit
+      const EpochTotals totals = state.totals;
+      const double epoch_s = std::max(wall_seconds() - totals.started, 1e-9);
+      const double images = std::max(totals.images, 1.0);
+      const double train_loss = totals.loss_sum / images;
+      const double train_accuracy = totals.correct / images;
       const Evaluation eval = evaluate(model, test);
       if (chief) {
         print_progress(steps, steps, epoch_s, train_loss, train_accuracy, true);
@@ -564,15 +666,24 @@ int run_elastic(const Flags& flags) {
       // An epoch redone after a change replaces its row.
       const int epoch = static_cast<int>(state.epoch) + 1;
       while (!records.empty() && records.back().epoch >= epoch) records.pop_back();
-      records.push_back({epoch, epoch_s, static_cast<double>(seen) * workers / epoch_s, train_loss,
-                         train_accuracy, eval});
+      records.push_back({epoch, epoch_s, static_cast<int64_t>(totals.images),
+                         totals.images / epoch_s, train_loss, train_accuracy, eval});
       ++state.epoch;
       state.batch = 0;
-      state.commit();  // the end of an epoch is always a commit
+      state.totals = EpochTotals{};
+      state.commit();  // the next epoch starts from a commit with fresh totals
+      if (at_stop()) return;
     }
   });
   if (kolo::rank() == 0 && !records.empty()) {
     print_summary(records, workers, threads, flags.batch_size * workers);
+  }
+  if (kolo::rank() == 0) {
+    // A fingerprint of the trained weights: runs that end with the same
+    // parameters print the same line (kolo-bench chaos compares them).
+    std::printf("final_params_fnv1a=%016llx\n",
+                static_cast<unsigned long long>(parameters_fingerprint(*model)));
+    std::fflush(stdout);
   }
   kolo::shutdown();
   return 0;
@@ -615,7 +726,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"constant", "cosine"}));
   app.add_option("--checkpoint-dir", flags.checkpoint_dir,
                  "Save after every epoch: rank 0 writes <dir>/checkpoint.kolo (--zero-stage 0) "
-                 "or every rank its shard of <dir>/zero/ (stages 1-3)");
+                 "or every rank its shard of <dir>/zero/ (stages 1-3); with --elastic, every "
+                 "commit to <dir>/elastic.commit and each round's starting state to "
+                 "<dir>/round<k>.start");
   app.add_flag("--resume", flags.resume,
                "Start from the checkpoint in --checkpoint-dir (same --zero-stage kind; a ZeRO "
                "checkpoint loads at any worker count)");
@@ -660,6 +773,10 @@ int main(int argc, char** argv) {
                  "--elastic: commit the training state every N steps (and at each epoch's end)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--stop-at", flags.stop_at,
+                 "--elastic: stop once the commit at EPOCH:STEP (1-based epoch, steps done) is "
+                 "made, e.g. to replay one round of an elastic run (kolo-bench chaos)")
+      ->type_name("EPOCH:STEP");
   CLI11_PARSE(app, argc, argv);
   if (flags.resume && flags.checkpoint_dir.empty()) {
     std::fprintf(stderr, "fashion_mnist: --resume needs --checkpoint-dir\n");

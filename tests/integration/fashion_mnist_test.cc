@@ -163,6 +163,20 @@ TEST_F(FashionMnistExample, ElasticRunSurvivesAKilledWorker) {
   const auto accuracy = values_after(r.out, "test accuracy");
   ASSERT_EQ(accuracy.size(), 2u) << r.out;
   EXPECT_GT(accuracy.back(), 0.5) << r.out;
+  // Each epoch's summary row covers the whole epoch, the part before the
+  // re-formation too: its train images are the 1920 of the subset (plus at
+  // most one padding image per worker and round). Before, epoch 1's row
+  // covered only round 2's part of it (about 1920 - from * 96 images).
+  const std::regex row(R"(\| (\d) \| (?:[0-9.]+ \| ){6}(\d+) \|)");
+  int rows = 0;
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), row);
+       it != std::sregex_iterator(); ++it) {
+    ++rows;
+    const int images = std::stoi((*it)[2]);
+    EXPECT_GE(images, 1920) << "epoch " << (*it)[1] << "\n" << r.out;
+    EXPECT_LE(images, 1920 + 3 + 2) << "epoch " << (*it)[1] << "\n" << r.out;
+  }
+  EXPECT_EQ(rows, 2) << r.out;
 }
 
 TEST_F(FashionMnistExample, ElasticWithZeroIsAClearError) {

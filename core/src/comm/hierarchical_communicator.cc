@@ -259,8 +259,8 @@ class HierarchicalCommunicator : public Communicator {
       abort_requested_.store(true, std::memory_order_release);
     }
     for (auto* part : {p_.local.get(), p_.cross.get(), p_.flat.get()}) {
-      part->abort("rank " + std::to_string(p_.rank) + " of the hierarchical communicator gave up: " +
-                      reason,
+      part->abort("rank " + std::to_string(p_.rank) +
+                      " of the hierarchical communicator gave up: " + reason,
                   {});
     }
     return true;

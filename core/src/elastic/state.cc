@@ -84,15 +84,8 @@ void State::commit() {
   ++commit_count_;
   const bool rank0 = world_rank() == 0;
   if (!options_.commit_path.empty() && rank0) {
-    // Not fsynced (commits come every few steps): the rename is atomic and the
-    // checksum catches a file torn by a power loss; nothing torn is loaded.
-    std::string payload(4, '\0');
-    for (int i = 0; i < 4; ++i) payload[i] = static_cast<char>((kCommitFormat >> (8 * i)) & 0xff);
-    payload.append(reinterpret_cast<const char*>(snapshot_.data()), snapshot_.size());
-    CheckedWriteOptions write_options;
-    write_options.durable = false;
     try {
-      write_checked_file(options_.commit_path, kElasticCommitFile, payload, write_options);
+      write_commit_file(options_.commit_path);
     } catch (const ContractError& e) {
       throw ContractError(std::string(e.what()) +
                           " (State::Options::commit_path; check the directory exists and is "
@@ -113,6 +106,17 @@ void State::commit() {
                                 std::to_string(round_),
                             latest);
   }
+}
+
+void State::write_commit_file(const std::string& path) const {
+  // Not fsynced (commits come every few steps): the rename is atomic and the
+  // checksum catches a file torn by a power loss; nothing torn is loaded.
+  std::string payload(4, '\0');
+  for (int i = 0; i < 4; ++i) payload[i] = static_cast<char>((kCommitFormat >> (8 * i)) & 0xff);
+  payload.append(reinterpret_cast<const char*>(snapshot_.data()), snapshot_.size());
+  CheckedWriteOptions write_options;
+  write_options.durable = false;
+  write_checked_file(path, kElasticCommitFile, payload, write_options);
 }
 
 void State::restore() {

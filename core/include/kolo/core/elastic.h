@@ -160,6 +160,10 @@ class State {
   int64_t commit_count() const { return commit_count_; }
   // The last committed bytes (empty before the first commit).
   const Bytes& committed() const { return snapshot_; }
+  // Writes committed() to `path` as a commit file (what commit_path holds;
+  // load_commit_file() reads it), atomically. ContractError naming the file
+  // on an I/O error.
+  void write_commit_file(const std::string& path) const;
 
   // Points this state at another world (Options::world; nullptr = the
   // default runtime's), e.g. a ranks-as-threads world after a simulated
