@@ -2,9 +2,6 @@
 // time the recovery from the job's own output.
 #include "elastic_bench.h"
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +20,7 @@
 #include <vector>
 
 #include "bench_report.h"
+#include "job_driver.h"
 #include "kolo/core/errors.h"
 #include "worker_runs.h"
 
@@ -30,141 +28,7 @@ namespace kolo::bench {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-double seconds_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-// kolorun with its stdout and stderr on pipes, in a process group of its own.
-struct Job {
-  pid_t pid = -1;
-  int fds[2] = {-1, -1};  // stdout, stderr
-  std::string partial[2];
-};
-
-Job start_job(const std::vector<std::string>& argv) {
-  int out[2], err[2];
-  if (pipe(out) != 0 || pipe(err) != 0) {
-    throw RuntimeFault(std::string("kolo-bench elastic: pipe: ") + std::strerror(errno));
-  }
-  const pid_t pid = fork();
-  if (pid < 0) throw RuntimeFault(std::string("kolo-bench elastic: fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    dup2(err[1], STDERR_FILENO);
-    for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
-    setpgid(0, 0);
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    std::fprintf(stderr, "kolo-bench elastic: cannot run %s: %s\n", args[0], std::strerror(errno));
-    _exit(127);
-  }
-  close(out[1]);
-  close(err[1]);
-  setpgid(pid, pid);
-  Job job;
-  job.pid = pid;
-  job.fds[0] = out[0];
-  job.fds[1] = err[0];
-  return job;
-}
-
-struct Line {
-  int stream;  // 0 = stdout, 1 = stderr
-  std::string text;
-  Clock::time_point at;  // when the driver read it
-};
-
-// The complete lines that arrive within `wait_ms`; empty when none did. Sets
-// `eof` once both pipes are closed.
-std::vector<Line> read_lines(Job& job, int wait_ms, bool* eof) {
-  std::vector<Line> lines;
-  std::vector<pollfd> fds;
-  std::vector<int> which;
-  for (int s = 0; s < 2; ++s) {
-    if (job.fds[s] < 0) continue;
-    fds.push_back({job.fds[s], POLLIN, 0});
-    which.push_back(s);
-  }
-  if (fds.empty()) {
-    *eof = true;
-    return lines;
-  }
-  if (poll(fds.data(), fds.size(), wait_ms) <= 0) return lines;
-  const Clock::time_point now = Clock::now();
-  for (size_t k = 0; k < fds.size(); ++k) {
-    if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-    const int s = which[k];
-    char buffer[65536];
-    const ssize_t got = read(job.fds[s], buffer, sizeof buffer);
-    if (got <= 0) {
-      if (got < 0 && errno == EINTR) continue;
-      close(job.fds[s]);
-      job.fds[s] = -1;
-      continue;
-    }
-    job.partial[s].append(buffer, static_cast<size_t>(got));
-    size_t newline;
-    while ((newline = job.partial[s].find('\n')) != std::string::npos) {
-      lines.push_back({s, job.partial[s].substr(0, newline), now});
-      job.partial[s].erase(0, newline + 1);
-    }
-  }
-  return lines;
-}
-
-// The pid of kolorun's child with KOLO_WORKER_ID=`worker_id` (-1 if none).
-pid_t worker_pid(pid_t kolorun, int worker_id) {
-  const std::string wanted = "KOLO_WORKER_ID=" + std::to_string(worker_id);
-  DIR* proc = opendir("/proc");
-  if (!proc) return -1;
-  pid_t found = -1;
-  while (dirent* entry = readdir(proc)) {
-    const std::string name = entry->d_name;
-    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
-    std::ifstream stat("/proc/" + name + "/stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), {});
-    const size_t paren = text.rfind(')');
-    if (paren == std::string::npos) continue;
-    std::istringstream fields(text.substr(paren + 1));
-    char state;
-    pid_t ppid = 0;
-    fields >> state >> ppid;
-    if (ppid != kolorun) continue;
-    std::ifstream env("/proc/" + name + "/environ", std::ios::binary);
-    std::string variable;
-    while (std::getline(env, variable, '\0')) {
-      if (variable == wanted) found = static_cast<pid_t>(std::stol(name));
-    }
-  }
-  closedir(proc);
-  return found;
-}
-
-// Stops the job: SIGTERM to kolorun (which stops its workers), SIGKILL to
-// its group after 15 s. Returns the exit status.
-int stop_job(Job& job) {
-  kill(job.pid, SIGTERM);
-  int status = 0;
-  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(15);
-  bool eof = false;
-  while (waitpid(job.pid, &status, WNOHANG) == 0) {
-    if (Clock::now() > deadline) {
-      kill(-job.pid, SIGKILL);
-      waitpid(job.pid, &status, 0);
-      break;
-    }
-    read_lines(job, 50, &eof);  // keep the pipes drained
-  }
-  for (int& fd : job.fds) {
-    if (fd >= 0) close(fd);
-    fd = -1;
-  }
-  return status;
-}
+using Clock = DriverClock;
 
 struct Measurement {
   int killed_at = 0;      // rank 0's last step when the worker was killed
@@ -332,18 +196,9 @@ int run_elastic_bench(const ElasticBenchOptions& options) {
     throw ContractError(
         "kolo-bench elastic: --commit-every, --repeats and --steps-after must be at least 1");
   }
-  const fs::path build = fs::path(self_path("elastic")).parent_path().parent_path();
-  const std::string kolorun = kolorun_path(options.kolorun, "elastic");
-  const std::string example =
-      options.example.empty() ? (build / "examples" / "fashion_mnist" / "fashion_mnist").string()
-                              : options.example;
-  for (const std::string& path : {kolorun, example}) {
-    if (access(path.c_str(), X_OK) != 0) {
-      throw ContractError("kolo-bench elastic: " + path +
-                          " is not an executable; build it (cmake --build <dir> --target kolorun "
-                          "fashion_mnist) or pass --kolorun / --example");
-    }
-  }
+  const JobPrograms programs = find_job_programs("elastic", options.kolorun, options.example);
+  const std::string& kolorun = programs.kolorun;
+  const std::string& example = programs.example;
   const int kill_at =
       options.kill_at_step > 0 ? options.kill_at_step : 3 * options.commit_every - 1;
 

@@ -15,6 +15,9 @@
 //     (attacks the rendezvous store served by PID, e.g. kolorun, and prints its memory)
 //   kolo-bench elastic [--repeats 3] [--commit-every 10] [--json] [--docs docs/benchmarks.md]
 //     (a plain process; kills a worker of the elastic Fashion-MNIST example under kolorun)
+//   kolo-bench chaos [--faults 10] [--seed 1] [--kinds kill,stop] [--json] [--docs ...]
+//     (a plain process; random SIGKILL/SIGSTOP of the elastic example's workers, then
+//     a fault-free replay of every round)
 //
 // Each mode is one subcommand in its own file; every mode prints a table,
 // prints JSON rows with --json, and with --docs rewrites its own section of
@@ -23,6 +26,7 @@
 #include <exception>
 #include <iostream>
 
+#include "chaos_bench.h"
 #include "collectives_bench.h"
 #include "elastic_bench.h"
 #include "engine_bench.h"
@@ -318,10 +322,53 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   attack_sub->add_flag("--json", attack.json, "one JSON object per attack instead of the table");
 
+  kolo::bench::ChaosBenchOptions chaos;
+  chaos.command_line = command_line;
+  auto* chaos_sub = app.add_subcommand(
+      "chaos",
+      "an elastic Fashion-MNIST job while a seeded driver SIGKILLs and SIGSTOPs random workers; "
+      "it must finish, every round must replay bitwise, nothing may be left behind");
+  chaos_sub->add_option("--workers", chaos.workers, "workers (-np, --max-np; --min-np is 2)")
+      ->capture_default_str();
+  chaos_sub->add_option("--faults", chaos.faults, "faults to inject")->capture_default_str();
+  chaos_sub->add_option("--seed", chaos.seed, "seed of the fault schedule")->capture_default_str();
+  chaos_sub->add_option("--kinds", chaos.kinds, "fault kinds: kill and/or stop")
+      ->capture_default_str();
+  chaos_sub->add_option("--min-gap", chaos.min_gap_s, "seconds of training after a recovery")
+      ->capture_default_str();
+  chaos_sub->add_option("--max-gap", chaos.max_gap_s, "at most this many")->capture_default_str();
+  chaos_sub->add_option("--commit-every", chaos.commit_every, "steps between commits")
+      ->capture_default_str();
+  chaos_sub->add_option("--batch", chaos.batch, "images per worker per step")
+      ->capture_default_str();
+  chaos_sub->add_option("--threads", chaos.threads, "threads per worker")->capture_default_str();
+  chaos_sub->add_option("--epochs", chaos.epochs, "epochs of the job")->capture_default_str();
+  chaos_sub->add_option("--train-subset", chaos.train_subset, "training images (0 = all)")
+      ->capture_default_str();
+  chaos_sub->add_option("--test-subset", chaos.test_subset, "test images")->capture_default_str();
+  chaos_sub->add_option("--timeout", chaos.timeout_s, "the workers' --timeout, seconds")
+      ->capture_default_str();
+  chaos_sub
+      ->add_option("--stall-shutdown", chaos.stall_shutdown_s,
+                   "KOLO_STALL_SHUTDOWN_SECONDS of the workers")
+      ->capture_default_str();
+  chaos_sub->add_option("--run-timeout", chaos.run_timeout_s, "seconds for the chaos job")
+      ->capture_default_str();
+  chaos_sub->add_flag("!--no-replay", chaos.replay, "skip the replay of the rounds");
+  chaos_sub->add_option("--data-dir", chaos.data_dir, "Fashion-MNIST's gzipped IDX files");
+  chaos_sub->add_option("--log", chaos.log_path,
+                        "write every line of the chaos job here, with the driver's time");
+  chaos_sub->add_flag("--json", chaos.json, "one JSON object per row instead of the tables");
+  chaos_sub->add_option("--docs", chaos.docs_path,
+                        "rewrite the chaos section of this markdown file");
+  chaos_sub->add_option("--kolorun", chaos.kolorun, "path of kolorun");
+  chaos_sub->add_option("--example", chaos.example, "path of the fashion_mnist example");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*attack_sub) return kolo::bench::run_store_attack_bench(attack);
     if (*elastic_sub) return kolo::bench::run_elastic_bench(elastic);
+    if (*chaos_sub) return kolo::bench::run_chaos_bench(chaos);
 #ifdef KOLO_BENCH_HAVE_ZERO
     if (*zero_sub) {
       if (!zero_is_worker) return kolo::bench::run_zero_bench(zero);

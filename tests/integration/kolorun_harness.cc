@@ -33,7 +33,8 @@ std::vector<std::string> RunResult::err_lines() const {
 }
 
 KolorunProcess::KolorunProcess(const std::vector<std::string>& args,
-                               const std::vector<std::string>& extra_env) {
+                               const std::vector<std::string>& extra_env,
+                               const std::string& program) {
   std::vector<std::string> env;
   for (char** entry = environ; *entry != nullptr; ++entry) {
     std::string e = *entry;
@@ -46,7 +47,7 @@ KolorunProcess::KolorunProcess(const std::vector<std::string>& args,
   for (const auto& extra : extra_env) {
     if (extra.find('=') != std::string::npos) env.push_back(extra);
   }
-  std::vector<std::string> argv = {kolorun_path()};
+  std::vector<std::string> argv = {program};
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<char*> argv_p, env_p;
   for (auto& a : argv) argv_p.push_back(a.data());
@@ -147,6 +148,13 @@ RunResult KolorunProcess::wait(std::chrono::milliseconds timeout) {
 RunResult run_kolorun(const std::vector<std::string>& args, std::chrono::milliseconds timeout,
                       const std::vector<std::string>& extra_env) {
   KolorunProcess process(args, extra_env);
+  return process.wait(timeout);
+}
+
+RunResult run_program(const std::string& program, const std::vector<std::string>& args,
+                      std::chrono::milliseconds timeout,
+                      const std::vector<std::string>& extra_env) {
+  KolorunProcess process(args, extra_env, program);
   return process.wait(timeout);
 }
 

@@ -29,9 +29,11 @@ struct RunResult {
 class KolorunProcess {
  public:
   // extra_env: "NAME=VALUE" entries added to (or replacing in) this process's
-  // environment; "NAME" alone removes NAME.
+  // environment; "NAME" alone removes NAME. `program`: what to run in place
+  // of kolorun (e.g. kolo-bench, which starts kolorun itself).
   explicit KolorunProcess(const std::vector<std::string>& args,
-                          const std::vector<std::string>& extra_env = {});
+                          const std::vector<std::string>& extra_env = {},
+                          const std::string& program = kolorun_path());
   ~KolorunProcess();
   KolorunProcess(const KolorunProcess&) = delete;
   KolorunProcess& operator=(const KolorunProcess&) = delete;
@@ -53,6 +55,11 @@ class KolorunProcess {
   bool reaped_ = false;
   RunResult result_;
 };
+
+// Runs `program` (not kolorun) to completion under the watchdog.
+RunResult run_program(const std::string& program, const std::vector<std::string>& args,
+                      std::chrono::milliseconds timeout,
+                      const std::vector<std::string>& extra_env = {});
 
 // Runs kolorun to completion under the watchdog.
 RunResult run_kolorun(const std::vector<std::string>& args,
