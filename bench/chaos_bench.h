@@ -47,7 +47,7 @@ struct ChaosBenchOptions {
   int batch = 32;  // images per worker per step
   int threads = 1;
   int epochs = 2;
-  int train_subset = 12000;
+  int train_subset = 24000;
   int test_subset = 1000;
   double timeout_s = 10;        // the workers' --timeout (collectives, rendezvous)
   double stall_shutdown_s = 3;  // KOLO_STALL_SHUTDOWN_SECONDS: a frozen rank is failed after it

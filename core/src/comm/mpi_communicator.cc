@@ -633,6 +633,7 @@ class MpiCommunicator : public Communicator {
             " did not take part (it skipped the matching call, is stuck, or died); the "
             "communicator is unusable";
         fault_ = "timed out after " + std::to_string(op.deadline.timeout().count()) + " ms";
+        mpi_process().faulted.store(true);  // no collective MPI_Finalize at exit
         p2p_cancel(op);
         p2p_finish(op, std::make_exception_ptr(TimeoutError(message, {op.peer})));
         break;
