@@ -24,6 +24,12 @@ const std::vector<ConfigVar>& config_registry() {
        "Host of the rendezvous store served by kolorun."},
       {"KOLO_STORE_PORT", ConfigType::kInt, "", "",
        "TCP port of the rendezvous store (>= 1, <= 65535)."},
+      {"KOLO_STORE", ConfigType::kChoice, "auto", "auto|kolo|c10d",
+       "Kind of rendezvous store. kolo: kolo's own TCP store (served by kolorun, or by rank 0 at "
+       "MASTER_ADDR:MASTER_PORT). c10d: a PyTorch c10d TCPStore that the launcher already serves "
+       "at MASTER_ADDR:MASTER_PORT (or KOLO_STORE_ADDR:KOLO_STORE_PORT), joined as a client "
+       "through kolo::init_torch(). auto: c10d when TORCHELASTIC_USE_AGENT_STORE=True (torchrun "
+       ">= 2.4), else kolo."},
       {"KOLO_JOB_ID", ConfigType::kString, "", "",
        "Unique id of the job; names shared-memory segments. Default: derived from the launcher."},
       {"KOLO_HOSTNAME", ConfigType::kString, "", "",

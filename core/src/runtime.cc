@@ -111,9 +111,16 @@ Runtime::Runtime(const InitOptions& options) {
   }
 
   // Rendezvous store: only a world of more than one needs it.
+  std::shared_ptr<Store> raw_store;
   if (topology_.size > 1 && options.store) {
-    store_ = options.store_prefix ? make_prefix_store(options.store, *options.store_prefix)
-                                  : options.store;
+    raw_store = options.store;
+  } else if (topology_.size > 1 && topology_.store_kind == "c10d") {
+    throw ContractError(
+        "kolo::init: the launcher serves a c10d TCPStore at " + topology_.store_host + ":" +
+        std::to_string(topology_.store_port) +
+        " (TORCHELASTIC_USE_AGENT_STORE=True or KOLO_STORE=c10d), which kolo joins through "
+        "libtorch's client: call kolo::init_torch() (kolo/torch/c10d_store.h, link kolo::torch) "
+        "instead of kolo::init(), or pass a store in InitOptions::store");
   } else if (topology_.size > 1 && !topology_.store_host.empty()) {
     std::string connect_host = topology_.store_host;
     if (topology_.serve_store) {
@@ -127,14 +134,14 @@ Runtime::Runtime(const InitOptions& options) {
       logger.info("serving the rendezvous store on " + server.bind_address + ":" +
                   std::to_string(server.port));
     }
-    auto raw = connect_tcp_store(connect_host, topology_.store_port, timeout,
-                                 config_.get_string("KOLO_JOB_SECRET"));
-    if (options.store_prefix) {
-      store_ = make_prefix_store(raw, *options.store_prefix);
-    } else {
-      const int64_t generation = raw->add("kolo/inits/" + std::to_string(topology_.rank), 1);
-      store_ = make_prefix_store(raw, "kolo/init" + std::to_string(generation));
-    }
+    raw_store = connect_tcp_store(connect_host, topology_.store_port, timeout,
+                                  config_.get_string("KOLO_JOB_SECRET"));
+  }
+  if (raw_store && options.store_prefix) {
+    store_ = make_prefix_store(raw_store, *options.store_prefix);
+  } else if (raw_store) {
+    const int64_t generation = raw_store->add("kolo/inits/" + std::to_string(topology_.rank), 1);
+    store_ = make_prefix_store(raw_store, "kolo/init" + std::to_string(generation));
   }
 
   // Placement through the store when the launcher did not give it; the

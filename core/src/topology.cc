@@ -246,7 +246,7 @@ void fill(const Found& f, Topology& t) {
   }
 }
 
-void fill_store(const Env& env, const Config& config, Topology& t) {
+void fill_store_address(const Env& env, const Config& config, Topology& t) {
   bool has_addr = config.is_set("KOLO_STORE_ADDR");
   bool has_port = config.is_set("KOLO_STORE_PORT");
   auto check_port = [](const std::string& name, int64_t port) {
@@ -284,6 +284,26 @@ void fill_store(const Env& env, const Config& config, Topology& t) {
   t.store_host = *env.get("MASTER_ADDR");
   t.store_port = check_port("MASTER_PORT", *port.value);
   t.serve_store = t.rank == 0;
+}
+
+// KOLO_STORE (auto|kolo|c10d) and torchrun's TORCHELASTIC_USE_AGENT_STORE:
+// whether the store at store_host:store_port is a c10d TCPStore the launcher
+// serves. Then no rank serves one (rank 0 would find the port taken).
+void fill_store_kind(const Env& env, const Config& config, Topology& t) {
+  const std::string kind = config.get_string("KOLO_STORE");
+  const std::string agent = env.get("TORCHELASTIC_USE_AGENT_STORE").value_or("");
+  const bool agent_store = agent == "True" || agent == "true" || agent == "1";
+  if (kind == "kolo" || (kind == "auto" && (!agent_store || t.source == "kolorun"))) return;
+  if (t.size == 1) return;  // a world of one needs no store
+  if (t.store_host.empty()) {
+    throw ContractError(
+        std::string("kolo init: ") +
+        (kind == "c10d" ? "KOLO_STORE=c10d" : "TORCHELASTIC_USE_AGENT_STORE=" + agent) +
+        " asks to join a c10d store that the launcher serves, but its address is not set: set "
+        "MASTER_ADDR and MASTER_PORT (torchrun does), or KOLO_STORE=kolo for kolo's own store");
+  }
+  t.store_kind = "c10d";
+  t.serve_store = false;
 }
 
 // Keeps characters that are safe in file and shared-memory names; long ids
@@ -357,7 +377,8 @@ Topology detect_topology(const EnvLookup& env_or_null, const Config& config) {
   } else {
     t.placement_known = true;  // a world of one
   }
-  fill_store(env, config, t);
+  fill_store_address(env, config, t);
+  fill_store_kind(env, config, t);
   t.job_id = sanitize_job_id(derive_job_id(env, config, t));
   return t;
 }

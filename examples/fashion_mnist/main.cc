@@ -10,7 +10,8 @@
 // train one model with a global batch of workers x --batch-size images.
 //
 // The recipe:
-//   1. kolo::init(), and set the threads each worker computes with
+//   1. kolo::init_torch() (kolo::init() that also joins torchrun's c10d store),
+//      and set the threads each worker computes with
 //   2. load the data and give each worker its shard (DistributedSampler)
 //   3. build the model (the seed's Keras CNN)
 //   4. choose the optimizer (--optimizer adam|sgd|lars|lamb) and its learning-rate
@@ -243,7 +244,7 @@ std::pair<fashion_mnist::Split, fashion_mnist::Split> load_data(const Flags& fla
 
 int run(const Flags& flags) {
   // --- 1. Initialise kolo; one worker per process, `threads` cores each ----
-  kolo::init();  // rank and size from kolorun, mpirun, srun or torchrun; else a world of one
+  kolo::init_torch();  // rank, size from kolorun, mpirun, srun, torchrun; else a world of one
   const int rank = kolo::rank();
   const int workers = kolo::size();
   const bool chief = rank == 0;  // rank 0 prints and writes checkpoints

@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
 
   try {
     // 1. The runtime and the grid: dp x pp x tp must be the world size.
-    kolo::init();
+    kolo::init_torch();  // kolo::init() that also joins torchrun's c10d store
     kolo::ParallelGrid grid{f.dp, f.pp, f.tp};
     if (f.batch % f.dp != 0) throw kolo::ContractError("--batch must divide by --dp");
     if (kolo::rank() == 0) {

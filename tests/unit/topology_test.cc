@@ -212,6 +212,35 @@ TEST(Topology, KoloStoreOverridesMasterAddr) {
   EXPECT_FALSE(t.serve_store);  // someone else serves it
 }
 
+// torchrun >= 2.4's agent store (TORCHELASTIC_USE_AGENT_STORE=True) or
+// KOLO_STORE=c10d: a c10d store at MASTER_ADDR:MASTER_PORT that no rank serves.
+TEST(Topology, AgentStoreIsAC10dStoreNobodyServes) {
+  Vars rank0 = kTorchrun;
+  rank0["RANK"] = "0";
+  rank0["LOCAL_RANK"] = "0";
+  EXPECT_EQ(detect(rank0).store_kind, "kolo");
+  Vars agent = merged({{{"TORCHELASTIC_USE_AGENT_STORE", "True"}}, rank0});
+  Topology t = detect(agent);
+  EXPECT_EQ(t.store_kind, "c10d");
+  EXPECT_FALSE(t.serve_store);
+  EXPECT_EQ(t.store_host, "127.0.0.1");
+  EXPECT_EQ(t.store_port, 29500);
+  // KOLO_STORE=kolo keeps kolo's own store (rank 0 serves it); "False" is no agent store.
+  EXPECT_TRUE(detect(merged({{{"KOLO_STORE", "kolo"}}, agent})).serve_store);
+  EXPECT_EQ(detect(merged({{{"TORCHELASTIC_USE_AGENT_STORE", "False"}}, rank0})).store_kind,
+            "kolo");
+  EXPECT_EQ(detect(merged({{{"KOLO_STORE", "c10d"}}, rank0})).store_kind, "c10d");
+  // Under kolorun the variable, inherited from an outer torchrun, means nothing.
+  EXPECT_EQ(detect(merged({{{"TORCHELASTIC_USE_AGENT_STORE", "True"}}, kKolorun})).store_kind,
+            "kolo");
+  // c10d without an address says which variables to set.
+  const std::string error =
+      detect_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"KOLO_STORE", "c10d"}});
+  EXPECT_NE(error.find("KOLO_STORE=c10d"), std::string::npos) << error;
+  EXPECT_NE(error.find("MASTER_ADDR and MASTER_PORT"), std::string::npos) << error;
+  EXPECT_NE(detect_error({{"KOLO_STORE", "tcp"}}), "");
+}
+
 TEST(Topology, SlurmWithMasterAddrServesTheStoreFromRankZero) {
   Vars vars = merged({{{"MASTER_ADDR", "node1"}, {"MASTER_PORT", "6000"}}, kSlurm});
   vars["SLURM_PROCID"] = "0";

@@ -1,6 +1,6 @@
 // kolo's libtorch frontend: everything a training program needs.
 //
-//   kolo::init();                                      // kolo/core/runtime.h
+//   kolo::init_torch();                                // kolo/torch/c10d_store.h (or kolo::init())
 //   kolo::broadcast_parameters(*model, /*root=*/0);     // kolo/torch/broadcast.h
 //   kolo::DistributedSampler sampler(n, {});            // kolo/torch/sampler.h
 //   double loss = kolo::metric_average(local, "loss");  // kolo/torch/metrics.h
@@ -19,6 +19,7 @@
 #include "kolo/core/errors.h"
 #include "kolo/core/runtime.h"
 #include "kolo/torch/broadcast.h"
+#include "kolo/torch/c10d_store.h"
 #include "kolo/torch/checkpoint.h"
 #include "kolo/torch/elastic.h"
 #include "kolo/torch/lamb.h"

@@ -39,9 +39,10 @@ struct InitOptions {
   // so a per-rank counter would disagree between old and new workers.
   std::optional<std::string> store_prefix;
   // A connected store to rendezvous through instead of connecting to
-  // KOLO_STORE_ADDR / MASTER_ADDR (store_prefix still applies). Elastic
-  // rounds pass one whose waits give up when kolorun declares the round
-  // failed (core/src/elastic/round_store.h).
+  // KOLO_STORE_ADDR / MASTER_ADDR (store_prefix, or else the "kolo/init<g>"
+  // default, still applies). Elastic rounds pass one whose waits give up when
+  // kolorun declares the round failed (core/src/elastic/round_store.h);
+  // kolo::init_torch() passes a client of the launcher's c10d TCPStore.
   std::shared_ptr<Store> store;
   // Passed to every communicator this runtime builds (the world's and,
   // later, the engine's): see CommunicatorOptions::rendezvous_check.

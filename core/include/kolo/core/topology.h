@@ -28,6 +28,11 @@ struct Topology {
   int store_port = 0;
   // True when this process must serve the store itself (torchrun-style rank 0).
   bool serve_store = false;
+  // "kolo": kolo's TcpStoreServer protocol. "c10d": the launcher already serves
+  // a PyTorch c10d TCPStore at store_host:store_port (torchrun >= 2.4 with
+  // TORCHELASTIC_USE_AGENT_STORE=True, or KOLO_STORE=c10d); nobody in the job
+  // serves, and kolo::init_torch() (kolo/torch/c10d_store.h) joins it.
+  std::string store_kind = "kolo";
   // Unique per job (names shared-memory segments); derived from the source.
   std::string job_id;
   // Whether local_* / cross_* were given by the source; otherwise the runtime
