@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# ctest `package.consumers`: kolo as an outside project gets it.
-#   run_consumers.sh <kolo build folder> <kolo source folder>
+# ctest `package.consumers` and `package.deb`: kolo as an outside project gets it.
+#   run_consumers.sh <kolo build folder> <kolo source folder> [--deb]
 # Installs the build into a temporary prefix, builds this folder's consumer
 # three ways (find_package, pkg-config, add_subdirectory of the source tree)
 # and runs each under the *installed* kolorun with 2 workers; every worker
 # checks that the ranks agree (main.cc). Also checks the installed kolorun's
 # --version and that libkolo_core exports no internal symbol.
+# --deb: the prefix comes from the Debian packages instead: `cpack -G DEB`
+# builds them, their Depends must name Debian's libtorch, gloo, OpenMPI and
+# OpenSSL packages and be satisfied by this machine's installed packages, and
+# `dpkg -x` unpacks them into a temporary root (a real `dpkg -i` would change
+# this machine); then the find_package and pkg-config consumers as above.
 set -euo pipefail
 build=$(cd "$1" && pwd)
 source=$(cd "$2" && pwd)
+from=${3:-}
 consumer=$source/tests/package
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/kolo-package.XXXXXX")
@@ -17,8 +23,62 @@ prefix=$work/prefix
 
 step() { echo "== $*"; }
 
-step "install into $prefix"
-cmake --install "$build" --prefix "$prefix" >/dev/null
+# Every "name (op version)" of a Depends field is installed here at a version
+# that satisfies it (alternatives "a | b": one of them).
+check_depends() {
+  local deb=$1 entry alternative name op version installed ok
+  local -A relation=([">="]=ge ["<="]=le [">>"]=gt ["<<"]=lt ["="]=eq)
+  IFS=',' read -ra entries <<<"$(dpkg-deb -f "$deb" Depends)"
+  for entry in "${entries[@]}"; do
+    ok=0
+    IFS='|' read -ra alternatives <<<"$entry"
+    for alternative in "${alternatives[@]}"; do
+      # " libfoo (>= 1.2)" -> name op version
+      read -r name op version <<<"$(tr -d '()' <<<"$alternative")"
+      if [[ $name == libkolo* ]]; then ok=1; break; fi  # this build's own packages
+      installed=$(dpkg-query -W -f='${Version}\n' "$name" 2>/dev/null | head -1 || true)
+      [[ -n $installed ]] || continue
+      if [[ -z $op ]] || dpkg --compare-versions "$installed" "${relation[$op]}" "$version"; then
+        ok=1
+        break
+      fi
+    done
+    if ((!ok)); then
+      echo "$(basename "$deb"): dependency '$entry' is not installed on this machine" >&2
+      return 1
+    fi
+  done
+}
+
+if [[ $from == --deb ]]; then
+  step "Debian packages by cpack -G DEB"
+  (cd "$work" && cpack -G DEB --config "$build/CPackConfig.cmake" -B "$work/debs" >"$work/cpack.log" 2>&1) ||
+    { cat "$work/cpack.log" >&2; exit 1; }
+  shopt -s nullglob
+  debs=("$work"/debs/*.deb)
+  shopt -u nullglob
+  for package in libkolo libkolo-dev kolo-tools; do
+    match=$(printf '%s\n' "${debs[@]}" | grep -E "/${package}[0-9.]*_" || true)
+    [[ -n $match ]] || { echo "cpack made no $package package: ${debs[*]}" >&2; exit 1; }
+  done
+  runtime_deb=$(printf '%s\n' "${debs[@]}" | grep -E '/libkolo[0-9.]+_')
+  depends=$(dpkg-deb -f "$runtime_deb" Depends)
+  echo "$(dpkg-deb -f "$runtime_deb" Package) Depends: $depends"
+  for needed in libtorch libgloo libopenmpi libssl; do
+    [[ $depends == *"$needed"* ]] || { echo "the runtime package does not depend on $needed*" >&2; exit 1; }
+  done
+  root=$work/root
+  for deb in "${debs[@]}"; do
+    check_depends "$deb"
+    dpkg -x "$deb" "$root"
+  done
+  prefix=$root/usr
+  modes=(find_package pkg-config)
+else
+  step "install into $prefix"
+  cmake --install "$build" --prefix "$prefix" >/dev/null
+  modes=(find_package pkg-config add_subdirectory)
+fi
 libdir=$(dirname "$(find "$prefix" -name 'libkolo_core.so' | head -1)")
 "$prefix/bin/kolorun" --version
 
@@ -37,7 +97,7 @@ launcher=$(cache_value CMAKE_CXX_COMPILER_LAUNCHER)
 [[ -n $launcher ]] && common+=(-DCMAKE_CXX_COMPILER_LAUNCHER="$launcher" -DCMAKE_C_COMPILER_LAUNCHER="$launcher")
 jobs=$(nproc)
 
-for mode in find_package pkg-config add_subdirectory; do
+for mode in "${modes[@]}"; do
   step "consumer by $mode"
   dir=$work/$mode
   args=(-S "$consumer" -B "$dir" "${common[@]}" -DKOLO_CONSUME="$mode")
@@ -63,4 +123,4 @@ for mode in find_package pkg-config add_subdirectory; do
   fi
   "$prefix/bin/kolorun" -np 2 "$dir/kolo_consumer"
 done
-step "all three consumers trained and agree"
+step "the consumers (${modes[*]}) trained and agree"
