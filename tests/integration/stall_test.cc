@@ -40,16 +40,22 @@ TEST_P(FrozenRank, IsNamedByTheStallWarningAndFailsTheOthersAfterTheShutdownTime
   EXPECT_TRUE(contains(r.err, "(more than KOLO_STALL_WARNING_SECONDS 1.0) for rank 2: frozen"))
       << r.err;
   EXPECT_FALSE(contains(r.err, "kolo[rank 1] warning: stall")) << "one rank warns\n" << r.err;
-  // Every survivor's pending allreduce failed with the recoverable error,
-  // naming rank 2, not with a timeout.
+  // Every survivor's pending allreduce fails with the recoverable error,
+  // naming rank 2, not with a timeout. Both fail at about the same moment, and
+  // the first to exit makes kolorun stop the job, which may end the other
+  // before it prints its own error (as in MpiStalledRank below): so at least
+  // one survivor reports it, and any survivor that reports a fault reports
+  // this one.
+  int reported = 0;
   for (int rank = 0; rank < 2; ++rank) {
     const auto lines = tagged_lines(r.out, rank);
     ASSERT_FALSE(lines.empty()) << r.out << r.err;
-    EXPECT_TRUE(contains(lines.back(), "rank " + std::to_string(rank) + ": fault: "))
-        << lines.back();
+    if (!contains(lines.back(), "rank " + std::to_string(rank) + ": fault: ")) continue;
+    ++reported;
     EXPECT_TRUE(contains(lines.back(), "KOLO_STALL_SHUTDOWN_SECONDS")) << lines.back();
     EXPECT_TRUE(contains(lines.back(), "[failed ranks: 2]")) << lines.back();
   }
+  EXPECT_GE(reported, 1) << r.out << r.err;
   EXPECT_FALSE(contains(r.out + r.err, "timed out after 600000 ms")) << r.out << r.err;
 }
 
