@@ -98,11 +98,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 1:
         h.feed(sp::seal(h.secret, 'Q', h.session.nonce, h.session.requests, bytes));
         break;
-      case 2:
+      case 2: {
         h.session.out.clear();
-        h.now += std::chrono::milliseconds(length);  // at most 65535 ms per record
+        // At most 65535 ms per record, saturating: parked deadlines can move
+        // `now` close to the clock's end.
+        const auto step = std::chrono::milliseconds(length);
+        h.now = StoreService::Clock::time_point::max() - h.now > step
+                    ? h.now + step
+                    : StoreService::Clock::time_point::max();
         h.service.try_unpark(h.session, h.now);
         break;
+      }
       case 3:
         try {
           sp::decode_request(bytes.data(), bytes.size());
