@@ -44,12 +44,12 @@ struct ScalingOptions {
                                       "independent", "libtorch_1thread", "libtorch_2threads",
                                       "c10d_gloo",   "pytorch_ddp"};
   std::vector<int> workers = {1, 2, 4};
-  int steps = 50;          // timed steps per worker
-  int warmup_steps = 5;    // untimed steps first
-  int repeats = 3;         // passes over all configurations (median)
-  int threads = 1;         // per worker (libtorch_2threads uses 2)
-  int cnn_batch = 64;      // per-worker batch of the CNN (Adam)
-  int mlp_batch = 16;      // per-worker batch of the MLP (SGD)
+  int steps = 50;        // timed steps per worker
+  int warmup_steps = 5;  // untimed steps first
+  int repeats = 3;       // passes over all configurations (median)
+  int threads = 1;       // per worker (libtorch_2threads uses 2)
+  int cnn_batch = 64;    // per-worker batch of the CNN (Adam)
+  int mlp_batch = 16;    // per-worker batch of the MLP (SGD)
   // kolo systems: DistributedOptimizerOptions::bucket_bytes; < 0 = kolo's default.
   int64_t bucket_bytes = -1;
   bool synthetic = false;  // random data of Fashion-MNIST's shape instead of the files
@@ -61,7 +61,7 @@ struct ScalingOptions {
   std::string command_line;
   std::string python_worker;  // default: <source dir>/bench/scaling_worker.py
   std::string python_path;    // kolo_python's PYTHONPATH; default: <build dir>/python
-  std::string kolorun;     // default: <build dir>/launcher/kolorun
+  std::string kolorun;        // default: <build dir>/launcher/kolorun
   // Debian's interpreter, where python3-torch lives (a pyenv python3 earlier
   // in PATH has no torch); pytorch_ddp and kolo_python run on it.
   std::string python = "/usr/bin/python3";
@@ -77,8 +77,8 @@ struct ScalingWorkerOptions {
   int batch = 64;
   bool synthetic = false;
   std::string data_dir;
-  std::string store_path;  // c10d_gloo: FileStore path shared by the ranks
-  bool balance = false;    // kolo: kolo::BatchBalancer splits the global batch
+  std::string store_path;     // c10d_gloo: FileStore path shared by the ranks
+  bool balance = false;       // kolo: kolo::BatchBalancer splits the global batch
   int64_t bucket_bytes = -1;  // kolo: DistributedOptimizerOptions::bucket_bytes; < 0 = default
   // local with WORLD_SIZE > 1 (independent): a directory the workers share
   // (a kolo file store) to start timing together and to keep training until
@@ -93,8 +93,8 @@ struct ScalingWorkerOptions {
 int run_scaling_bench(const ScalingOptions& options);
 
 // One worker: trains and prints {"rank", "world", "images_per_sec", "step_ms"}
-// (plus "batch", this worker's mean images per step) as one JSON line on stdout. kolo workers take their rank from kolorun;
-// c10d_gloo and local workers from RANK and WORLD_SIZE (default 0 and 1).
+// (plus "batch", this worker's mean images per step) as one JSON line on stdout. kolo workers take
+// their rank from kolorun; c10d_gloo and local workers from RANK and WORLD_SIZE (default 0 and 1).
 int run_scaling_worker(const ScalingWorkerOptions& options);
 
 }  // namespace kolo::bench

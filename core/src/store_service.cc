@@ -114,9 +114,9 @@ bool StoreService::handle_message(Session& s, Clock::time_point now, bool& chang
       {
         // A client's timeout, at most about 35 years and never past the
         // clock's end (now + timeout must not overflow the time_point).
-        const int64_t room = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                 Clock::time_point::max() - now)
-                                 .count();
+        const int64_t room =
+            std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now)
+                .count();
         s.deadline = now + std::chrono::milliseconds(std::clamp<int64_t>(
                                request.number, 0, std::min(int64_t{1} << 40, room)));
       }
