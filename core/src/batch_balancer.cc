@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 #include <sstream>
 
@@ -43,8 +44,21 @@ std::string check_options(const BatchBalancerOptions& o, int size) {
   return error.str();
 }
 
-TensorView f64_view(std::vector<double>& values) {
-  return TensorView{values.data(), DType::kF64, {static_cast<int64_t>(values.size())}};
+// Allreduces `values` in place on the options' process set, waiting at most
+// options.timeout (0 = no limit of its own). The engine works on a heap copy
+// that the request holds: a wait that times out must not leave it writing
+// into the caller's vector.
+void allreduce_doubles(Engine& engine, const std::string& name, std::vector<double>& values,
+                       ReduceOp op, const BatchBalancerOptions& options) {
+  auto wire = std::make_shared<std::vector<double>>(values);
+  const TensorView view{wire->data(), DType::kF64, {static_cast<int64_t>(wire->size())}};
+  RequestOptions request;
+  request.op = op;
+  request.process_set = options.process_set;
+  Handle handle = engine.allreduce_async(name, view, view, request);
+  handle.on_complete([wire](std::exception_ptr) {});
+  handle.wait(options.timeout);
+  values = *wire;
 }
 
 }  // namespace
@@ -137,9 +151,16 @@ double BatchBalancer::predicted_seconds(const std::vector<int64_t>& batches,
 }
 
 BatchBalancer::BatchBalancer(const BatchBalancerOptions& options)
-    : options_(options), engine_(options.engine ? options.engine : &runtime().engine()) {
-  rank_ = engine_->rank();
-  size_ = engine_->size();
+    : options_(options),
+      engine_(options.engine ? options.engine : &runtime_for("kolo::BatchBalancer").engine()) {
+  const ProcessSet set = engine_->process_set(options.process_set);
+  if (!set.included()) {
+    throw ContractError(std::string(kWhat) + ": rank " + std::to_string(engine_->rank()) +
+                        " is not a member of process set " + std::to_string(options.process_set) +
+                        "; only the set's members construct its BatchBalancer");
+  }
+  rank_ = set.rank();
+  size_ = set.size();
   // Local validity and agreement in one allreduce (max of the values and of
   // their negations gives every option's largest and smallest value across
   // ranks), so that every rank throws, not just the ones that are wrong.
@@ -159,9 +180,7 @@ BatchBalancer::BatchBalancer(const BatchBalancerOptions& options)
     wire[k + i] = -mine[i];
   }
   wire[2 * k] = error.empty() ? 0.0 : 1.0;
-  RequestOptions max;
-  max.op = ReduceOp::kMax;
-  engine_->allreduce(options.name + ".check", f64_view(wire), f64_view(wire), max);
+  allreduce_doubles(*engine_, options.name + ".check", wire, ReduceOp::kMax, options);
   if (!error.empty()) throw ContractError(std::string(kWhat) + ": " + error);
   if (wire[2 * k] > 0) {
     throw ContractError(std::string(kWhat) +
@@ -211,9 +230,7 @@ bool BatchBalancer::rebalance() {
     std::nth_element(step_rates_.begin(), middle, step_rates_.end());
     wire[rank_] = *middle;
   }
-  RequestOptions sum;
-  sum.op = ReduceOp::kSum;
-  engine_->allreduce(options_.name + ".rates", f64_view(wire), f64_view(wire), sum);
+  allreduce_doubles(*engine_, options_.name + ".rates", wire, ReduceOp::kSum, options_);
   for (size_t r = 0; r < wire.size(); ++r) {
     if (!(wire[r] > 0)) continue;  // nothing measured: keep the last rate
     rates_[r] = rates_[r] > 0 ? options_.smoothing * wire[r] + (1 - options_.smoothing) * rates_[r]

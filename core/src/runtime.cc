@@ -394,12 +394,12 @@ DefaultRuntime& default_runtime() {
   return instance;
 }
 
-Runtime& initialised(const char* function) {
+// `call`: what the user called, as it reads in the error ("kolo::rank()").
+Runtime& initialised(const std::string& call) {
   DefaultRuntime& d = default_runtime();
   std::lock_guard<std::mutex> lock(d.mutex);
   if (!d.runtime) {
-    throw ContractError(std::string("kolo::") + function +
-                        "() called before kolo::init(); call kolo::init() first");
+    throw ContractError(call + " called before kolo::init(); call kolo::init() first");
   }
   return *d.runtime;
 }
@@ -432,13 +432,14 @@ bool is_initialized() {
   return d.runtime != nullptr;
 }
 
-Runtime& runtime() { return initialised("runtime"); }
-int rank() { return initialised("rank").topology().rank; }
-int size() { return initialised("size").topology().size; }
-int local_rank() { return initialised("local_rank").topology().local_rank; }
-int local_size() { return initialised("local_size").topology().local_size; }
-int cross_rank() { return initialised("cross_rank").topology().cross_rank; }
-int cross_size() { return initialised("cross_size").topology().cross_size; }
-bool is_homogeneous() { return initialised("is_homogeneous").topology().homogeneous; }
+Runtime& runtime() { return initialised("kolo::runtime()"); }
+Runtime& runtime_for(const std::string& operation) { return initialised(operation); }
+int rank() { return initialised("kolo::rank()").topology().rank; }
+int size() { return initialised("kolo::size()").topology().size; }
+int local_rank() { return initialised("kolo::local_rank()").topology().local_rank; }
+int local_size() { return initialised("kolo::local_size()").topology().local_size; }
+int cross_rank() { return initialised("kolo::cross_rank()").topology().cross_rank; }
+int cross_size() { return initialised("kolo::cross_size()").topology().cross_size; }
+bool is_homogeneous() { return initialised("kolo::is_homogeneous()").topology().homogeneous; }
 
 }  // namespace kolo

@@ -266,7 +266,7 @@ int run(const Flags& flags) {
   // last partial global batch of an epoch is left out.
   if (flags.balance) {
     shard.rank = 0;
-    shard.size = 1;
+    shard.world_size = 1;
   }
   kolo::DistributedSampler sampler(static_cast<size_t>(train.images.size(0)), shard);
   const int64_t shard_size = static_cast<int64_t>(sampler.size());

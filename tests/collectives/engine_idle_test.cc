@@ -60,7 +60,7 @@ TEST_P(EngineIdle, RankOutsideABusySetDoesNotStallItsMembers) {
   EngineWorld world(GetParam(), n);
   run_ranks(n, [&](int rank) {
     auto engine = world.engine(rank, one_ms_cycles());
-    const int set = engine->add_process_set({0, 1});
+    const int set = engine->add_process_set({0, 1}).id();
     if (rank == 2) {
       // Idle for the whole exchange below; its engine must keep set 0's
       // negotiation going while ranks 0 and 1 have work in their set.

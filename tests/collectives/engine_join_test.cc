@@ -169,7 +169,7 @@ TEST_P(EngineProcessSets, OverlappingSetsNegotiateIndependently) {
   run_ranks(n, [&](int rank) {
     auto engine = world.engine(rank);
     std::vector<int> ids;
-    for (const auto& m : members) ids.push_back(engine->add_process_set(m));
+    for (const auto& m : members) ids.push_back(engine->add_process_set(m).id());
     EXPECT_EQ(ids, (std::vector<int>{1, 2, 3}));
     for (int step = 0; step < 20; ++step) {
       std::vector<int> mine;  // indices of the sets this rank is in
@@ -220,7 +220,7 @@ TEST_P(EngineProcessSets, OverlappingSetsNegotiateIndependently) {
     removed.process_set = ids[1];
     EXPECT_THROW(engine->allreduce_async("z", z.view(), z.view(), removed), ContractError);
     // A new set after a removal gets a fresh id on every rank.
-    EXPECT_EQ(engine->add_process_set({0, n - 1}), 4);
+    EXPECT_EQ(engine->add_process_set({0, n - 1}).id(), 4);
   });
 }
 

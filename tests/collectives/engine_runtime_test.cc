@@ -58,7 +58,7 @@ TEST_P(RuntimeEngine, LazyEngineNextToTheWorldCommunicatorWithProcessSets) {
     EXPECT_EQ(x.data[15], 3.0f);
 
     // A process set through the runtime's factory.
-    const int set = engine.add_process_set({0, 2});
+    const int set = engine.add_process_set({0, 2}).id();
     Tensor y({4}, float(rank + 1));
     if (rank != 1) {
       RequestOptions o;

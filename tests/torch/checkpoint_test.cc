@@ -229,7 +229,7 @@ class TinyTraining {
         sampler_(kSamples, [&] {
           DistributedSamplerOptions o;
           o.rank = rank;
-          o.size = size;
+          o.world_size = size;
           o.seed = 17;
           return o;
         }()) {

@@ -358,14 +358,14 @@ TEST_F(ElasticTorchState, AfterAWorldGrowsTheNewcomerGetsTheStateAndItsShare) {
 TEST(ElasticSampler, EpochStartShardsTheRestAndIsSavedWithThePosition) {
   DistributedSamplerOptions o;
   o.rank = 1;
-  o.size = 2;
+  o.world_size = 2;
   o.seed = 3;
   DistributedSampler whole(10, o);
   DistributedSampler rest(10, o);
   rest.set_epoch_start(4);
   // The epoch's order is the same; rank 1 takes positions 4 + 1, 4 + 3, 4 + 5.
   o.rank = 0;
-  o.size = 1;
+  o.world_size = 1;
   const std::vector<size_t> order = DistributedSampler(10, o).indices();
   EXPECT_EQ(rest.indices(), (std::vector<size_t>{order[5], order[7], order[9]}));
   EXPECT_EQ(whole.indices().size(), 5u);
@@ -382,7 +382,7 @@ TEST(ElasticSampler, EpochStartShardsTheRestAndIsSavedWithThePosition) {
   std::istringstream read(bytes.str());
   in.load_from(read);
   o.rank = 1;
-  o.size = 2;
+  o.world_size = 2;
   DistributedSampler loaded(10, o);
   loaded.load(in);
   EXPECT_EQ(loaded.epoch_start(), 4);

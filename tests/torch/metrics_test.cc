@@ -33,7 +33,7 @@ TEST(MetricAverage, AveragesOverTheRanks) {
 
 TEST(MetricAverage, OnAProcessSet) {
   run_with_engines(3, [&](int rank, Engine& engine) {
-    const int set = engine.add_process_set({1, 2});
+    const int set = engine.add_process_set({1, 2}).id();
     if (rank > 0) {
       CallOptions o = on(engine);
       o.process_set = set;

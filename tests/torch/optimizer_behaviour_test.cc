@@ -273,7 +273,7 @@ TEST_F(OptimizerBehaviour, ProcessSetReducesAmongItsMembersOnly) {
   EngineWorld world("threads", n);
   ot::run_ranks(n, [&](int rank) {
     auto engine = world.engine(rank);
-    const int set = engine->add_process_set({0, 2});
+    const int set = engine->add_process_set({0, 2}).id();
     if (rank != 1) {
       Mlp& model = *models[rank];
       torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(0.5));

@@ -22,7 +22,7 @@ DistributedSampler make(size_t n, int rank, int size, bool shuffle = true, uint6
                         bool drop_last = false) {
   DistributedSamplerOptions o;
   o.rank = rank;
-  o.size = size;
+  o.world_size = size;
   o.shuffle = shuffle;
   o.seed = seed;
   o.drop_last = drop_last;
@@ -206,7 +206,7 @@ TEST(DistributedSampler, PlugsIntoATorchDataLoader) {
   for (int rank = 0; rank < 2; ++rank) {
     DistributedSamplerOptions o;
     o.rank = rank;
-    o.size = 2;
+    o.world_size = 2;
     o.seed = 2;
     auto loader = torch::data::make_data_loader(Numbers(n), DistributedSampler(n, o),
                                                 torch::data::DataLoaderOptions().batch_size(6));

@@ -248,18 +248,32 @@ TEST_P(TorchCollectives, ProcessSetsIncludingReducescatterMembership) {
   const int n = world();
   if (n < 2) GTEST_SKIP() << "a proper subset needs two ranks";
   run_with_engines(n, [&](int rank, Engine& engine) {
-    // Ranks 0 and n-1.
-    const int set = engine.add_process_set({0, n - 1});
-    if (rank == 0 || rank == n - 1) {
+    // Ranks 0 and n-1, through the frontend's call; the engine answers
+    // membership itself.
+    const ProcessSet set = add_process_set({0, n - 1}, on(engine));
+    EXPECT_EQ(set.size(), 2);
+    EXPECT_EQ(set.ranks(), (std::vector<int>{0, n - 1}));
+    EXPECT_EQ(set.included(), rank == 0 || rank == n - 1);
+    EXPECT_EQ(set.rank(), rank == 0 ? 0 : rank == n - 1 ? 1 : -1);
+    EXPECT_EQ(engine.process_set(set.id()).ranks(), set.ranks());
+    if (set.included()) {
       auto o = on(engine);
-      o.process_set = set;
+      o.process_set = set.id();
+      barrier(o);
       o.op = ReduceOp::kSum;
       torch::Tensor sum = allreduce(torch::tensor({rank}), "set.sum", o);
       EXPECT_EQ(sum.item<int64_t>(), n - 1);
       torch::Tensor mine = reducescatter(torch::ones({3, 1}) * (rank + 1), "set.rs", o);
       const int64_t rows = rank == 0 ? 2 : 1;
       EXPECT_TRUE(torch::equal(mine, torch::full({rows, 1}, static_cast<float>(n + 1))));
+    } else {
+      // A call on a set this rank is not in names the call and the set.
+      auto o = on(engine);
+      o.process_set = set.id();
+      const std::string message = error_of([&] { reducescatter(torch::ones({3}), "set.rs", o); });
+      EXPECT_NE(message.find("not a member of process set"), std::string::npos) << message;
     }
+    barrier(on(engine));
     // Everyone finishes together (engines are torn down collectively).
     allreduce(torch::ones({1}), "done", on(engine));
   });
@@ -286,7 +300,12 @@ TEST(TorchDefaultRuntime, CallsWithoutAnEngineUseKoloRuntime) {
   o.timeout = kTorchTimeout;
   EXPECT_TRUE(torch::equal(allreduce(x, "default", o), x));
   kolo::shutdown();
-  EXPECT_THROW(allreduce(x, "after_shutdown", o), ContractError);
+  // The error names the call the user made, not the runtime accessor.
+  const std::string message = error_of([&] { allreduce(x, "after_shutdown", o); });
+  EXPECT_NE(message.find("kolo::allreduce called before kolo::init()"), std::string::npos)
+      << message;
+  EXPECT_NE(error_of([] { barrier(); }).find("kolo::barrier called before kolo::init()"),
+            std::string::npos);
 }
 
 }  // namespace

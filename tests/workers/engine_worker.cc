@@ -63,7 +63,7 @@ void run() {
   // A process set of all ranks but the last (every rank creates it).
   std::vector<int> members;
   for (int r = 0; r < std::max(1, n - 1); ++r) members.push_back(r);
-  const int set = engine.add_process_set(members);
+  const int set = engine.add_process_set(members).id();
   if (rank < static_cast<int>(members.size())) {
     std::vector<float> x(4, float(rank + 1));
     kolo::TensorView v{x.data(), kolo::DType::kF32, {4}};

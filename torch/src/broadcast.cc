@@ -72,11 +72,11 @@ struct Staged {
 void broadcast_parameters(const std::vector<std::pair<std::string, torch::Tensor>>& named_tensors,
                           int root, const CallOptions& options) {
   const std::string op = "kolo::broadcast_parameters";
-  Engine& engine = engine_of(options);
+  Engine& engine = engine_of(options, "kolo::broadcast_parameters");
   CallOptions o = options;
   o.engine = &engine;
   const detail::SetPosition position =
-      detail::set_position(engine, options.process_set, "broadcast_parameters", o);
+      detail::set_position(engine, options.process_set, "broadcast_parameters");
 
   // Every rank checks its structure against root's, so that a mismatch is an
   // error everywhere instead of a stall on the first differing name.
@@ -125,11 +125,11 @@ void broadcast_parameters(const torch::nn::Module& module, int root, const CallO
 void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, int root,
                                const CallOptions& options) {
   const std::string op = "kolo::broadcast_optimizer_state";
-  Engine& engine = engine_of(options);
+  Engine& engine = engine_of(options, "kolo::broadcast_optimizer_state");
   CallOptions o = options;
   o.engine = &engine;
   const detail::SetPosition position =
-      detail::set_position(engine, options.process_set, "broadcast_optimizer_state", o);
+      detail::set_position(engine, options.process_set, "broadcast_optimizer_state");
   const std::string bytes = detail::broadcast_from_root(
       [&] {
         torch::serialize::OutputArchive archive;

@@ -274,11 +274,11 @@ CheckpointState read_checkpoint_state(torch::serialize::InputArchive& a,
 void save_checkpoint(const std::string& path, const torch::nn::Module& model,
                      const torch::optim::Optimizer* optimizer, const CheckpointState& state,
                      const CheckpointOptions& options) {
-  Engine& engine = engine_of(options);
+  Engine& engine = engine_of(options, "kolo::save_checkpoint");
   CallOptions o = options;
   o.engine = &engine;
   const detail::SetPosition position =
-      detail::set_position(engine, options.process_set, "save_checkpoint", o);
+      detail::set_position(engine, options.process_set, "save_checkpoint");
   if (options.root < 0 || options.root >= position.size) {
     throw ContractError("kolo::save_checkpoint: root " + std::to_string(options.root) +
                         " is not a rank of the process set (size " + std::to_string(position.size) +
@@ -300,11 +300,11 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model,
 CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& model,
                                 torch::optim::Optimizer* optimizer,
                                 const CheckpointOptions& options) {
-  Engine& engine = engine_of(options);
+  Engine& engine = engine_of(options, "kolo::load_checkpoint");
   CallOptions o = options;
   o.engine = &engine;
   const detail::SetPosition position =
-      detail::set_position(engine, options.process_set, "load_checkpoint", o);
+      detail::set_position(engine, options.process_set, "load_checkpoint");
   const std::string payload = detail::broadcast_from_root(
       [&] { return read_checkpoint_file(path); }, options.root, position, "load_checkpoint", o);
   CheckpointState state;

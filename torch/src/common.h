@@ -23,15 +23,14 @@ class Optimizer;
 
 namespace kolo::detail {
 
-// This rank's index in a process set and the set's size. Set 0 answers from
-// the engine; other sets cost one small allgather named "<name>.members" (the
-// engine's public API does not expose set membership).
+// This rank's index in a process set and the set's size, as the engine
+// knows them (Engine::process_set); ContractError naming `op` when this rank
+// is not a member.
 struct SetPosition {
   int rank = 0;
   int size = 1;
 };
-SetPosition set_position(Engine& engine, int process_set, const std::string& name,
-                         const CallOptions& options);
+SetPosition set_position(Engine& engine, int process_set, const std::string& op);
 
 // Bytes as a 1-D kByte tensor (an archive stores tensors, not strings), and
 // a tensor's bytes back (made contiguous first).

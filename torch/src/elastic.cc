@@ -47,7 +47,7 @@ DistributedSampler& TorchState::sampler() {
   const int64_t consumed = consumed_samples();
   DistributedSamplerOptions o = sampler_options_;
   o.rank = rank;
-  o.size = size;
+  o.world_size = size;
   auto sampler = std::make_unique<DistributedSampler>(dataset_size_, o);
   sampler->set_epoch(epoch);
   sampler->set_epoch_start(consumed);

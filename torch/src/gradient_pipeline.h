@@ -118,8 +118,9 @@ class GradientPipeline {
     bool launch_in_backward = true;
     // The advice ending the error for a gradient computed after its k-th pass.
     std::string too_many_passes;
-    // How long each wait for a request may take before TimeoutError.
-    std::chrono::milliseconds timeout = std::chrono::milliseconds::max();
+    // How long each wait for a request may take before TimeoutError (0 = no
+    // limit of its own, CallOptions').
+    std::chrono::milliseconds timeout{0};
   };
 
   GradientPipeline(Options options, Policy& policy);

@@ -13,7 +13,7 @@ double metric_average(double value, const std::string& name, const CallOptions& 
         "kolo::metric_average: the name is empty; name the metric the same on every rank "
         "(e.g. \"val_loss\")");
   }
-  Engine& engine = engine_of(options);
+  Engine& engine = engine_of(options, "kolo::metric_average");
   // On the heap and held by the request: a wait that times out must not leave
   // the engine writing into this frame.
   auto result = std::make_shared<double>(value);

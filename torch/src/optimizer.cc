@@ -356,7 +356,7 @@ void DistributedOptimizer::build(const std::vector<std::pair<std::string, torch:
   impl.call.engine = options.engine;
   impl.call.process_set = options.process_set;
   impl.call.timeout = options.timeout;
-  impl.engine = &engine_of(impl.call);
+  impl.engine = &engine_of(impl.call, kOp);
   impl.call.engine = impl.engine;
   if (error.empty()) error = check_options(options);
 
@@ -371,7 +371,7 @@ void DistributedOptimizer::build(const std::vector<std::pair<std::string, torch:
   }
   const std::string mine = options_manifest(options) + detail::tensor_manifest(described);
   const std::string check_name = "DistributedOptimizer[" + options.name_prefix + "]";
-  impl.position = detail::set_position(*impl.engine, options.process_set, check_name, impl.call);
+  impl.position = detail::set_position(*impl.engine, options.process_set, check_name);
   const std::string roots = detail::broadcast_from_root(
       [&] { return mine; }, /*root=*/0, impl.position, check_name + ".manifest", impl.call);
   if (error.empty()) {

@@ -18,8 +18,10 @@ constexpr int64_t kHeaderMagic = 0x7470326f6c6f6bLL;  // "kolo2pt"
 
 using Header = std::vector<int64_t>;
 
-Communicator& communicator_of(const P2PTensorOptions& options) {
-  return options.communicator != nullptr ? *options.communicator : kolo::runtime().world();
+// `operation` names the call in the error before kolo::init().
+Communicator& communicator_of(const P2PTensorOptions& options, const char* operation) {
+  return options.communicator != nullptr ? *options.communicator
+                                         : kolo::runtime_for(operation).world();
 }
 
 P2POptions core_options(const P2PTensorOptions& options) {
@@ -124,7 +126,7 @@ TensorP2PHandle isend(const torch::Tensor& tensor, int dst, const P2PTensorOptio
     return isend(tensor.contiguous(), dst, options);
   }
   const TensorView view = tensor_view(tensor, op, "tensor");
-  Communicator& comm = communicator_of(options);
+  Communicator& comm = communicator_of(options, "kolo::isend");
   auto state = std::make_shared<TensorP2PHandle::State>();
   state->tensor = tensor;
   state->header = make_header(tensor, view.dtype);
@@ -139,7 +141,7 @@ TensorP2PHandle irecv_(const torch::Tensor& tensor, int src, const P2PTensorOpti
   const std::string op = recv_op(src, options.tag);
   check_dims(tensor, op);
   const TensorView view = tensor_view(tensor, op, "tensor");
-  Communicator& comm = communicator_of(options);
+  Communicator& comm = communicator_of(options, "kolo::irecv_");
   auto state = std::make_shared<TensorP2PHandle::State>();
   state->tensor = tensor;
   state->header.assign(kHeaderLength, 0);
@@ -162,7 +164,7 @@ torch::Tensor recv_(const torch::Tensor& tensor, int src, const P2PTensorOptions
 
 torch::Tensor recv(int src, const P2PTensorOptions& options) {
   const std::string op = recv_op(src, options.tag);
-  Communicator& comm = communicator_of(options);
+  Communicator& comm = communicator_of(options, "kolo::recv");
   const P2POptions o = core_options(options);
   Header header(kHeaderLength, 0);
   comm.recv(header.data(), kHeaderLength, DType::kI64, src, o);

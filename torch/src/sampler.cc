@@ -25,17 +25,17 @@ DistributedSampler::DistributedSampler(size_t dataset_size,
                                        const DistributedSamplerOptions& options)
     : dataset_size_(dataset_size),
       rank_(rank_or_default(options.rank)),
-      world_size_(size_or_default(options.size)),
+      world_size_(size_or_default(options.world_size)),
       shuffle_(options.shuffle),
       seed_(options.seed),
       drop_last_(options.drop_last) {
   if (world_size_ < 1) {
-    throw ContractError("kolo::DistributedSampler: size " + std::to_string(world_size_) +
+    throw ContractError("kolo::DistributedSampler: world_size " + std::to_string(world_size_) +
                         " must be at least 1 (the number of ranks sharing the dataset)");
   }
   if (rank_ >= world_size_) {
     throw ContractError("kolo::DistributedSampler: rank " + std::to_string(rank_) +
-                        " is outside 0.." + std::to_string(world_size_ - 1) + " (size " +
+                        " is outside 0.." + std::to_string(world_size_ - 1) + " (world_size " +
                         std::to_string(world_size_) + ")");
   }
   build_indices();

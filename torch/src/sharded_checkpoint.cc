@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "kolo/core/errors.h"
+#include "kolo/core/split.h"
 #include "kolo/torch/layerwise.h"
 #include "zero_format.h"
 #include "zero_state.h"
@@ -253,8 +254,9 @@ void restore_groups_and_buffers(const Index& index, torch::optim::Optimizer& opt
 std::vector<SegmentRef> runs_of(const ZeroState& state, int r) {
   std::vector<SegmentRef> out;
   for (const ZeroBucket& bucket : state.buckets) {
-    const auto [lo, n] = detail::slice_of(bucket.numel, state.size, r);
-    const int64_t hi = lo + n;
+    const EvenSplit slice = even_split(bucket.numel, state.size, r);
+    const int64_t lo = slice.begin;
+    const int64_t hi = lo + slice.count;
     for (int index : bucket.params) {
       const ZeroParam& p = state.params[index];
       const int64_t begin = std::max(lo, p.offset);

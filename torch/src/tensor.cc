@@ -131,9 +131,9 @@ TensorView row_view(const torch::Tensor& tensor, const std::string& op, const st
 
 }  // namespace
 
-Engine& engine_of(const CallOptions& options) {
+Engine& engine_of(const CallOptions& options, const std::string& operation) {
   if (options.engine) return *options.engine;
-  return runtime().engine();
+  return runtime_for(operation).engine();
 }
 
 DType to_kolo_dtype(c10::ScalarType type, const std::string& op, const std::string& what) {
@@ -219,7 +219,7 @@ TensorHandle submit_allreduce(const torch::Tensor& in, const torch::Tensor& out,
   check_name(name, op);
   TensorView in_view = tensor_view(in, op, name);
   TensorView out_view = in.is_same(out) ? in_view : tensor_view(out, op, name + " (output)");
-  Engine& engine = engine_of(options);
+  Engine& engine = engine_of(options, op);
   Handle handle = engine.allreduce_async(name, in_view, out_view, request_options(options));
   keep_alive(handle, {in, out});
   return TensorHandle(handle, std::make_shared<torch::Tensor>(out));
@@ -263,7 +263,7 @@ TensorHandle submit_allgather(const torch::Tensor& tensor, const std::string& na
   check_name(name, op);
   TensorView view = row_view(tensor, op, name);
   auto result = std::make_shared<torch::Tensor>();
-  Engine& engine = engine_of(options);
+  Engine& engine = engine_of(options, op);
   Handle handle = engine.allgather_async(
       name, view, allocate_into(result, tensor.scalar_type(), op, name + " (output)"),
       request_options(options));
@@ -291,7 +291,7 @@ TensorHandle submit_broadcast(const torch::Tensor& buffer, const std::string& na
                               const TensorOpOptions& options, const std::string& op) {
   check_name(name, op);
   TensorView view = byte_compatible_view(buffer, op, name);
-  Engine& engine = engine_of(options);
+  Engine& engine = engine_of(options, op);
   Handle handle = engine.broadcast_async(name, view, request_options(options));
   keep_alive(handle, {buffer});
   return TensorHandle(handle, std::make_shared<torch::Tensor>(buffer));
@@ -337,9 +337,8 @@ TensorHandle submit_reducescatter(const torch::Tensor& tensor, const std::string
                         " is 0-dimensional; reducescatter splits dim 0, so pass a tensor with "
                         "at least one dimension");
   }
-  Engine& engine = engine_of(options);
-  const detail::SetPosition position =
-      detail::set_position(engine, options.process_set, name, options);
+  Engine& engine = engine_of(options, op);
+  const detail::SetPosition position = detail::set_position(engine, options.process_set, name);
   const std::vector<int64_t> out_shape =
       Engine::reducescatter_shape(in_view.shape, position.size, position.rank);
   auto out = std::make_shared<torch::Tensor>(
@@ -377,7 +376,7 @@ TensorHandle submit_alltoall(const torch::Tensor& tensor, const std::vector<int6
                         "with at least one dimension");
   }
   auto result = std::make_shared<torch::Tensor>();
-  Engine& engine = engine_of(options);
+  Engine& engine = engine_of(options, op);
   Handle handle = engine.alltoall_async(
       name, view, splits, allocate_into(result, tensor.scalar_type(), op, name + " (output)"),
       request_options(options));
@@ -420,9 +419,8 @@ c10::IValue broadcast_object(const c10::IValue& value, const std::string& name,
                              const TensorOpOptions& options) {
   const std::string op = "kolo::broadcast_object";
   check_name(name, op);
-  Engine& engine = engine_of(options);
-  const detail::SetPosition position =
-      detail::set_position(engine, options.process_set, name, options);
+  Engine& engine = engine_of(options, "kolo::broadcast_object");
+  const detail::SetPosition position = detail::set_position(engine, options.process_set, name);
   const std::string bytes = detail::broadcast_from_root(
       [&] {
         torch::serialize::OutputArchive archive;
@@ -440,9 +438,9 @@ c10::IValue broadcast_object(const c10::IValue& value, const std::string& name,
 std::string broadcast_from_root(const std::function<std::string()>& produce,
                                 const std::string& name, const TensorOpOptions& options) {
   check_name(name, "kolo::broadcast_from_root");
-  Engine& engine = engine_of(options);
+  Engine& engine = engine_of(options, "kolo::broadcast_from_root");
   const detail::SetPosition position =
-      detail::set_position(engine, options.process_set, name, options);
+      detail::set_position(engine, options.process_set, "kolo::broadcast_from_root");
   return detail::broadcast_from_root(produce, options.root, position, name, options);
 }
 
@@ -462,32 +460,43 @@ std::vector<std::string> allgather_bytes(const std::string& bytes, const std::st
   return out;
 }
 
+// --- Synchronisation and process sets -----------------------------------------
+
 void barrier(const CallOptions& options) {
   TensorOpOptions o;
   static_cast<CallOptions&>(o) = options;
+  o.engine = &engine_of(options, "kolo::barrier");
   o.op = ReduceOp::kSum;
-  allreduce_(torch::zeros({1}, torch::kByte), "kolo.barrier", o);
+  allreduce_(torch::zeros({1}, torch::kInt), "kolo.barrier", o);
+}
+
+int join(const CallOptions& options) {
+  return engine_of(options, "kolo::join").join(options.process_set);
+}
+
+ProcessSet add_process_set(const std::vector<int>& ranks, const CallOptions& options) {
+  return engine_of(options, "kolo::add_process_set").add_process_set(ranks);
+}
+
+void remove_process_set(const ProcessSet& set, const CallOptions& options) {
+  engine_of(options, "kolo::remove_process_set").remove_process_set(set.id());
 }
 
 // --- Internal helpers -------------------------------------------------------
 
 namespace detail {
 
-SetPosition set_position(Engine& engine, int process_set, const std::string& name,
-                         const CallOptions& options) {
+SetPosition set_position(Engine& engine, int process_set, const std::string& op) {
   if (process_set == 0) return SetPosition{engine.rank(), engine.size()};
-  TensorOpOptions o;
-  static_cast<CallOptions&>(o) = options;
-  o.engine = &engine;
-  torch::Tensor me = torch::tensor({static_cast<int32_t>(engine.rank())}, torch::kInt);
-  torch::Tensor members = allgather(me, name + ".members", o);
-  SetPosition position;
-  position.size = static_cast<int>(members.numel());
-  const int32_t* ranks = members.data_ptr<int32_t>();
-  for (int i = 0; i < position.size; ++i) {
-    if (ranks[i] == engine.rank()) position.rank = i;
+  const ProcessSet set = engine.process_set(process_set);
+  if (!set.included()) {
+    std::string ranks;
+    for (int r : set.ranks()) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    throw ContractError("kolo: " + op + ": rank " + std::to_string(engine.rank()) +
+                        " is not a member of process set " + std::to_string(process_set) +
+                        " (world ranks " + ranks + "); only its members may call it");
   }
-  return position;
+  return SetPosition{set.rank(), set.size()};
 }
 
 torch::Tensor bytes_tensor(const std::string& bytes) {
@@ -524,7 +533,7 @@ void archive_from_bytes(const std::string& bytes, torch::serialize::InputArchive
 std::string broadcast_from_root(const std::function<std::string()>& produce, int root,
                                 const SetPosition& position, const std::string& name,
                                 const CallOptions& options) {
-  Engine& engine = engine_of(options);
+  Engine& engine = engine_of(options, "kolo: " + name);
   TensorOpOptions o;
   static_cast<CallOptions&>(o) = options;
   o.engine = &engine;
@@ -571,8 +580,10 @@ std::string broadcast_from_root(const std::function<std::string()>& produce, int
 void agree_on_outcome(const std::string& local_error, const std::string& op,
                       const std::string& name, const CallOptions& options) {
   // Each rank contributes a status byte and its error text.
+  CallOptions o = options;
+  o.engine = &engine_of(options, op);
   const std::vector<std::string> outcomes =
-      allgather_bytes((local_error.empty() ? "+" : "-") + local_error, name + ".status", options);
+      allgather_bytes((local_error.empty() ? "+" : "-") + local_error, name + ".status", o);
   // Ranks that failed with the same message are named together.
   std::vector<std::pair<std::string, std::vector<size_t>>> failures;
   for (size_t r = 0; r < outcomes.size(); ++r) {

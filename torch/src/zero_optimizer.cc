@@ -218,7 +218,7 @@ ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, torch::nn::Modu
   state.call.engine = options.engine;
   state.call.process_set = options.process_set;
   state.call.timeout = options.timeout;
-  state.engine = &engine_of(state.call);
+  state.engine = &engine_of(state.call, kOp);
   state.call.engine = state.engine;
   state.request.op = ReduceOp::kAverage;
   state.request.prescale = 1.0 / std::max(1, options.backward_passes_per_step);
@@ -314,7 +314,7 @@ ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, torch::nn::Modu
   const std::string mine = manifest.str();
   const std::string check_name = "ZeroOptimizer[" + options.name_prefix + "]";
   const detail::SetPosition position =
-      detail::set_position(*state.engine, options.process_set, check_name, state.call);
+      detail::set_position(*state.engine, options.process_set, check_name);
   state.rank = position.rank;
   state.size = position.size;
   const std::string roots = detail::broadcast_from_root([&] { return mine; }, /*root=*/0, position,

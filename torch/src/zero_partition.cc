@@ -6,17 +6,11 @@
 #include <unordered_map>
 
 #include "kolo/core/errors.h"
+#include "kolo/core/split.h"
 #include "kolo/torch/layerwise.h"
 #include "zero_state.h"
 
 namespace kolo::detail {
-
-std::pair<int64_t, int64_t> slice_of(int64_t numel, int n, int r) {
-  const int64_t q = numel / n;
-  const int64_t m = numel % n;
-  const int64_t begin = r * q + std::min<int64_t>(r, m);
-  return {begin, q + (r < m ? 1 : 0)};
-}
 
 namespace {
 
@@ -104,7 +98,9 @@ void ZeroState::build(const std::vector<std::pair<std::string, ShardedUnitImpl*>
     bucket.numel = pipeline.buckets[b].numel;
     bucket.dtype = pipeline.buckets[b].dtype;
     pipeline.buckets[b].name = bucket.name;
-    std::tie(bucket.shard_begin, bucket.shard_numel) = slice_of(bucket.numel, size, rank);
+    const EvenSplit slice = even_split(bucket.numel, size, rank);
+    bucket.shard_begin = slice.begin;
+    bucket.shard_numel = slice.count;
     const auto type = torch::TensorOptions().dtype(bucket.dtype);
     // The parameters become views of one flat buffer per bucket (set_data
     // keeps each parameter the same tensor the model and the user hold).

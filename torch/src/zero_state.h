@@ -27,10 +27,6 @@ class Optimizer;
 
 namespace kolo::detail {
 
-// Rank r's slice of a bucket of `numel` elements split over `n` ranks, as the
-// engine's reducescatter splits dim 0: (first element, elements).
-std::pair<int64_t, int64_t> slice_of(int64_t numel, int n, int r);
-
 // One parameter of the wrapped optimizer: the pipeline's parameter (name,
 // tensor, group, bucket, offset within it, elements).
 using ZeroParam = GradParam;
@@ -63,7 +59,8 @@ struct PieceRun {
 };
 
 // One bucket: consecutive parameters of one dtype, laid end to end in a flat
-// buffer and split across the ranks (slice_of); bucket b of the pipeline has
+// buffer and split across the ranks (even_split, kolo/core/split.h, as the
+// engine's reducescatter splits it); bucket b of the pipeline has
 // the same parameters. Which buffers exist:
 //
 //            full (the parameters)   shard             grad_shard        flat_grad

@@ -48,6 +48,7 @@
 #include "comm/staged_reduction.h"
 #include "kolo/core/config.h"
 #include "kolo/core/errors.h"
+#include "kolo/core/split.h"
 #include "kolo/core/store.h"
 #include "kolo/core/topology.h"
 #include "reduce.h"
@@ -427,8 +428,8 @@ Blocks blocks_from_counts(const std::vector<size_t>& counts) {
 }
 
 Blocks even_blocks(size_t count, int n) {
-  std::vector<size_t> counts(n, count / n);
-  for (size_t k = 0; k < count % n; ++k) ++counts[k];
+  std::vector<size_t> counts(n);
+  for (int k = 0; k < n; ++k) counts[k] = static_cast<size_t>(even_split(count, n, k).count);
   return blocks_from_counts(counts);
 }
 

@@ -15,6 +15,7 @@
 
 #include "engine/engine_impl.h"
 #include "kolo/core/errors.h"
+#include "kolo/core/split.h"
 
 namespace kolo {
 
@@ -434,7 +435,7 @@ std::vector<int64_t> Engine::reducescatter_shape(const std::vector<int64_t>& sha
                         detail::shape_text(shape));
   }
   std::vector<int64_t> out = shape;
-  out[0] = shape[0] / set_size + (set_rank < shape[0] % set_size ? 1 : 0);
+  out[0] = even_split(shape[0], set_size, set_rank).count;
   return out;
 }
 
@@ -472,7 +473,28 @@ int Engine::join(int process_set) {
   return static_cast<int>(state->value);
 }
 
-int Engine::add_process_set(const std::vector<int>& ranks) {
+ProcessSet::ProcessSet(int id, std::vector<int> ranks, int world_rank)
+    : id_(id), ranks_(std::move(ranks)) {
+  auto pos = std::find(ranks_.begin(), ranks_.end(), world_rank);
+  rank_ = pos == ranks_.end() ? -1 : static_cast<int>(pos - ranks_.begin());
+}
+
+ProcessSet Engine::process_set(int id) const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  auto it = impl_->sets.find(id);
+  if (it == impl_->sets.end()) {
+    std::string known;
+    for (const auto& item : impl_->sets) {
+      known += (known.empty() ? "" : ", ") + std::to_string(item.first);
+    }
+    throw ContractError("kolo::Engine::process_set: process set " + std::to_string(id) +
+                        " does not exist (known sets: " + known +
+                        "); create it with add_process_set() on every rank first");
+  }
+  return ProcessSet(id, it->second, impl_->rank);
+}
+
+ProcessSet Engine::add_process_set(const std::vector<int>& ranks) {
   std::vector<int> sorted = ranks;
   std::sort(sorted.begin(), sorted.end());
   if (sorted.empty()) {
@@ -503,8 +525,12 @@ int Engine::add_process_set(const std::vector<int>& ranks) {
   auto state = std::make_shared<HandleState>();
   request->handle = state;
   impl_->submit(std::move(request)).wait();
-  std::lock_guard<std::mutex> lock(state->mutex);
-  return static_cast<int>(state->value);
+  int id = 0;
+  {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    id = static_cast<int>(state->value);
+  }
+  return process_set(id);
 }
 
 void Engine::remove_process_set(int process_set) {

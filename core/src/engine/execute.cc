@@ -11,6 +11,7 @@
 
 #include "engine/engine_impl.h"
 #include "kolo/core/errors.h"
+#include "kolo/core/split.h"
 
 namespace kolo {
 
@@ -479,7 +480,7 @@ void Engine::Impl::run_reducescatter(SetState& set, const Item& item) {
   const size_t row_elements = static_cast<size_t>(r.row_elements());
   const size_t base = rows / n;
   const size_t extra = rows % n;
-  auto rows_of = [&](int k) { return base + (static_cast<size_t>(k) < extra ? 1 : 0); };
+  auto rows_of = [&](int k) { return static_cast<size_t>(even_split(rows, n, k).count); };
 
   Request* req = item.req;
   const void* in;

@@ -101,7 +101,7 @@ void Handle::wait(std::chrono::milliseconds timeout) const {
     waker->poke();
     lock.lock();
   }
-  if (timeout == std::chrono::milliseconds::max()) {
+  if (timeout.count() <= 0 || timeout == std::chrono::milliseconds::max()) {
     s.finished.wait(lock, [&] { return s.done; });
   } else {
     // Clamp so that now + timeout cannot overflow the clock.

@@ -29,6 +29,8 @@
 #pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
+class Engine;
+
 // A contiguous, row-major CPU buffer seen by the engine.
 struct TensorView {
   void* data = nullptr;
@@ -60,8 +62,10 @@ class Handle {
   // Blocks until the request finished; rethrows its error (ContractError for a
   // cross-rank mismatch, RuntimeFault for a dead peer or a stall shutdown).
   // Throws TimeoutError if it has not finished within `timeout` (the request
-  // itself keeps going).
-  void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds::max()) const;
+  // itself keeps going). A timeout of 0 (the default) sets no limit of its
+  // own: the engine finishes or fails every request (its stall inspector,
+  // KOLO_STALL_SHUTDOWN_SECONDS, fails a stuck one).
+  void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds{0}) const;
   // Runs `callback` once the request finished, with nullptr on success or the
   // error. Runs on the engine thread, or at once on this thread if finished.
   // wait() and poll() report the request finished only after such callbacks
@@ -75,6 +79,21 @@ class Handle {
 
  private:
   std::shared_ptr<detail::HandleState> state_;
+};
+
+// Where a frontend's call runs (the torch frontend's collectives, optimizers
+// and checkpoints, the BatchBalancer...): every options struct of a call that
+// talks to other ranks derives from it, so these three are set the same way
+// everywhere.
+struct CallOptions {
+  Engine* engine = nullptr;  // nullptr = kolo::runtime().engine() (call kolo::init() first)
+  int process_set = 0;       // 0 = all ranks; others from Engine::add_process_set
+  // How long a synchronous call waits for each result before TimeoutError.
+  // kolo's one convention: 0 = the default of what is waited for (here, no
+  // limit of its own: the engine finishes or fails every request, and its
+  // stall inspector fails a stuck one); communicator calls' 0 is
+  // KOLO_TIMEOUT_SECONDS.
+  std::chrono::milliseconds timeout{0};
 };
 
 // Per-request options. Scales and op apply to allreduce and reducescatter,
@@ -106,6 +125,27 @@ struct EngineOptions {
   std::function<void(const std::string& reason, const std::vector<int>& ranks)> on_stall_abort;
 
   static EngineOptions from_config(const Config& config);
+};
+
+// A process set as this rank sees it (Horovod's ProcessSet): a group of world
+// ranks whose collectives run among themselves. Calls take its id
+// (CallOptions::process_set, RequestOptions::process_set); 0 is every rank.
+class ProcessSet {
+ public:
+  int id() const { return id_; }
+  // The set's world ranks, ascending.
+  const std::vector<int>& ranks() const { return ranks_; }
+  int size() const { return static_cast<int>(ranks_.size()); }
+  // Whether this rank is a member, and its index in ranks() (-1 if not).
+  bool included() const { return rank_ >= 0; }
+  int rank() const { return rank_; }
+
+ private:
+  friend class Engine;
+  ProcessSet(int id, std::vector<int> ranks, int world_rank);
+  int id_ = 0;
+  std::vector<int> ranks_;
+  int rank_ = -1;
 };
 
 // Builds the communicator of a process set. `ranks` are world ranks (sorted);
@@ -170,9 +210,13 @@ class Engine {
   int join(int process_set = 0);
 
   // Creates a process set of the given world ranks; every world rank must call
-  // it with the same ranks (as with Horovod's add_process_set). Returns its id.
-  // Using a set on a rank outside it is a ContractError.
-  int add_process_set(const std::vector<int>& ranks);
+  // it with the same ranks (as with Horovod's add_process_set). Using a set on
+  // a rank outside it is a ContractError.
+  ProcessSet add_process_set(const std::vector<int>& ranks);
+  // A set this engine knows (0 = every rank), answered locally: every rank
+  // learnt every set's members when it was added. ContractError naming the
+  // known sets for an unknown id.
+  ProcessSet process_set(int id) const;
   void remove_process_set(int process_set);
 
   // Current tuning (after autotune has settled, the chosen values).

@@ -102,6 +102,9 @@ void init(const InitOptions& options = {});
 void shutdown();
 bool is_initialized();
 Runtime& runtime();
+// runtime() for a frontend's call: before init() its ContractError names
+// `operation` (e.g. "kolo::allreduce"), the function the user called.
+Runtime& runtime_for(const std::string& operation);
 int rank();
 int size();
 int local_rank();

@@ -29,14 +29,8 @@
 #pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
 namespace kolo {
 
-// Where a call runs and how long its synchronous form waits.
-struct CallOptions {
-  Engine* engine = nullptr;  // nullptr = kolo::runtime().engine()
-  int process_set = 0;       // 0 = all ranks; others from Engine::add_process_set
-  // How long a synchronous call waits for its result before TimeoutError
-  // (the engine's stall inspector fails stuck requests on its own too).
-  std::chrono::milliseconds timeout = std::chrono::milliseconds::max();
-};
+// CallOptions (kolo/core/engine.h): engine, process_set, timeout (0 = no
+// limit of the call's own), the base of every options struct below.
 
 // Options of the tensor collectives. op, prescale and postscale apply to
 // allreduce and reducescatter; root (a rank of the process set) to broadcast.
@@ -48,7 +42,9 @@ struct TensorOpOptions : CallOptions {
 };
 
 // The engine selected by `options` (options.engine or the default runtime's).
-Engine& engine_of(const CallOptions& options);
+// `operation` (e.g. "kolo::allreduce") names the call in the ContractError
+// when options.engine is null and kolo::init() has not run.
+Engine& engine_of(const CallOptions& options, const std::string& operation);
 
 // --- Tensor adapter ---------------------------------------------------------
 
@@ -77,10 +73,10 @@ class TensorHandle {
   bool valid() const { return handle_.valid(); }
   // True once the request finished (successfully or not). Never blocks.
   bool poll() const;
-  // Blocks until finished (TimeoutError after `timeout`; the request keeps
-  // going), rethrows the request's error, returns the result tensor (for the
-  // in-place forms, the tensor that was handed in).
-  torch::Tensor wait(std::chrono::milliseconds timeout = std::chrono::milliseconds::max()) const;
+  // Blocks until finished (TimeoutError after `timeout`, 0 = no limit of its
+  // own; the request keeps going), rethrows the request's error, returns the
+  // result tensor (for the in-place forms, the tensor that was handed in).
+  torch::Tensor wait(std::chrono::milliseconds timeout = std::chrono::milliseconds{0}) const;
   // Rows contributed by each rank (allgather) or received from each rank
   // (alltoall); valid after success.
   std::vector<int64_t> received_splits() const;
@@ -173,8 +169,7 @@ c10::IValue broadcast_object(const c10::IValue& value, const std::string& name,
 // every rank of the set, which do not call `produce`. If `produce` throws
 // on root, the error reaches every rank instead: root rethrows its own
 // exception, the others throw the same kind (ContractError or RuntimeFault)
-// with root's message. One request named "<name>" (see broadcast_bytes),
-// plus "<name>.members" on a process set other than 0.
+// with root's message. One request named "<name>" (see broadcast_bytes).
 std::string broadcast_from_root(const std::function<std::string()>& produce,
                                 const std::string& name, const TensorOpOptions& options = {});
 
@@ -192,10 +187,20 @@ std::vector<std::string> allgather_bytes(const std::string& bytes, const std::st
 void agree_on_outcome(const std::string& local_error, const std::string& op,
                       const std::string& name, const CallOptions& options = {});
 
-// Returns once every rank of options.process_set has called barrier(): a
-// one-byte allreduce named "kolo.barrier", negotiated by the engine like any
-// request (so a rank that never arrives is reported by the stall inspector).
+// --- Synchronisation and process sets ---------------------------------------
+
+// Returns once every rank of options.process_set called it (Horovod's
+// hvd.barrier()): one allreduce named "kolo.barrier".
 void barrier(const CallOptions& options = {});
+// Engine::join on options.process_set (Horovod's hvd.join()): this rank has
+// no more work; until every rank joined, it contributes zeros to the others'
+// allreduces. Returns the last rank to join.
+int join(const CallOptions& options = {});
+// Engine::add_process_set on options.engine: collective over every world
+// rank, each passing the same world ranks. The set's id goes into
+// CallOptions::process_set.
+ProcessSet add_process_set(const std::vector<int>& ranks, const CallOptions& options = {});
+void remove_process_set(const ProcessSet& set, const CallOptions& options = {});
 
 }  // namespace kolo
 #pragma GCC visibility pop
