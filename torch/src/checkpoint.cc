@@ -219,9 +219,14 @@ void write_checkpoint_state(torch::serialize::OutputArchive& a, const Checkpoint
 
 std::vector<std::string> gather_generator_states(const std::string& name,
                                                  const CallOptions& options) {
+  return gather_bytes(default_generator_state(), name + ".rng", options);
+}
+
+std::vector<std::string> gather_bytes(const std::string& bytes, const std::string& name,
+                                      const CallOptions& options) {
   TensorOpOptions t;
   static_cast<CallOptions&>(t) = options;
-  TensorHandle handle = allgather_async(bytes_tensor(default_generator_state()), name + ".rng", t);
+  TensorHandle handle = allgather_async(bytes_tensor(bytes), name, t);
   const torch::Tensor all = handle.wait(options.timeout);
   std::vector<std::string> states;
   const char* data = static_cast<const char*>(all.data_ptr());

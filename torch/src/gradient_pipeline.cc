@@ -219,7 +219,11 @@ void GradientPipeline::complete(int b) {
     }
   }
   bucket.done = true;
-  policy_.finished(b, bucket.error == nullptr);
+  try {
+    policy_.finished(b, bucket.error == nullptr);
+  } catch (...) {
+    if (!bucket.error) bucket.error = std::current_exception();
+  }
 }
 
 void GradientPipeline::wait_for_others(int keep) {
@@ -250,8 +254,10 @@ void GradientPipeline::finish(size_t max_in_flight) {
   for (size_t b = 0; b < buckets.size(); ++b) {
     if (buckets[b].launched && !buckets[b].done) launched.push_back(static_cast<int>(b));
   }
-  std::sort(launched.begin(), launched.end(),
-            [&](int x, int y) { return buckets[x].launch_seq < buckets[y].launch_seq; });
+  if (!options_.complete_in_bucket_order) {
+    std::sort(launched.begin(), launched.end(),
+              [&](int x, int y) { return buckets[x].launch_seq < buckets[y].launch_seq; });
+  }
   std::deque<int> running(launched.begin(), launched.end());
   for (size_t b = buckets.size(); b-- > 0;) {
     if (buckets[b].launched) continue;
@@ -266,6 +272,7 @@ void GradientPipeline::finish(size_t max_in_flight) {
       running.pop_front();
     }
   }
+  if (options_.complete_in_bucket_order) std::sort(running.begin(), running.end());
   while (!running.empty()) {
     complete(running.front());
     running.pop_front();

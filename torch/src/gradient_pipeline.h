@@ -102,7 +102,8 @@ class GradientPipeline {
     virtual void launch(int b, bool in_backward) = 0;
     // Bucket b's requests finished (`ok`: none failed): move results into
     // place, free what the exchange needed. Once per launched bucket, from
-    // finish() or wait_for_others(). Caller holds the mutex.
+    // finish() or wait_for_others(). Caller holds the mutex. May block and
+    // throw (a hook's future): the error becomes the bucket's.
     virtual void finished(int b, bool ok) = 0;
   };
 
@@ -121,6 +122,12 @@ class GradientPipeline {
     // How long each wait for a request may take before TimeoutError (0 = no
     // limit of its own, CallOptions').
     std::chrono::milliseconds timeout{0};
+    // finish() waits for the launched buckets in bucket order instead of
+    // launch order: when Policy::finished starts collectives of its own (a
+    // communication hook's later stages), every rank must reach them in the
+    // same order, and the readiness order differs between ranks. Only with
+    // an unbounded max_in_flight (finish() then waits after launching all).
+    bool complete_in_bucket_order = false;
   };
 
   GradientPipeline(Options options, Policy& policy);

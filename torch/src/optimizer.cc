@@ -24,10 +24,6 @@ namespace {
 
 constexpr const char* kOp = "kolo::DistributedOptimizer";
 
-c10::ScalarType compressed_type(Compression compression) {
-  return compression == Compression::kFp16 ? torch::kHalf : torch::kBFloat16;
-}
-
 // Whether a gradient of this dtype is sent compressed: float32 and float64
 // are, under kFp16 / kBf16; other dtypes go as they are.
 bool compresses(Compression compression, c10::ScalarType type) {
@@ -57,17 +53,36 @@ const char* compression_name(Compression compression) {
   return "?";
 }
 
+// The hook the options ask for: comm_hook, or compression's ("" error if both).
+std::shared_ptr<CommHook> hook_of(const DistributedOptimizerOptions& o) {
+  switch (o.compression) {
+    case Compression::kFp16:
+      return fp16_compress_hook();
+    case Compression::kBf16:
+      return bf16_compress_hook();
+    case Compression::kNone:
+      break;
+  }
+  return o.comm_hook;
+}
+
 // The DistributedOptimizer's policy over the gradient pipeline
-// (gradient_pipeline.h): buckets laid out by readiness, and each gradient of
-// a launched bucket allreduced as its own request "<prefix><name>" (the
-// engine fuses a bucket's requests into one collective; on shm it reads and
-// writes them in place, so nothing is packed on the way).
+// (gradient_pipeline.h): buckets laid out by readiness. Without a hook, each
+// gradient of a launched bucket is allreduced as its own request
+// "<prefix><name>" (the engine fuses a bucket's requests into one collective;
+// on shm it reads and writes them in place, so nothing is packed on the
+// way). With a hook, the bucket is packed into a flat buffer for it and its
+// future's result unpacked into the gradients.
 struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
   explicit Impl(const DistributedOptimizerOptions& o)
-      : options(o), pipeline(pipeline_options(o), *this) {}
+      : options(o), hook(hook_of(o)), pipeline(pipeline_options(o, hook != nullptr), *this) {}
 
-  static detail::GradientPipeline::Options pipeline_options(const DistributedOptimizerOptions& o) {
+  static detail::GradientPipeline::Options pipeline_options(const DistributedOptimizerOptions& o,
+                                                            bool hooked) {
     detail::GradientPipeline::Options p;
+    // A hook's future may start collectives when it is waited for: every
+    // rank must wait in the same order (readiness order differs by rank).
+    p.complete_in_bucket_order = hooked;
     p.op = kOp;
     p.name_prefix = o.name_prefix;
     p.backward_passes_per_step = o.backward_passes_per_step;
@@ -81,6 +96,7 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
   }
 
   DistributedOptimizerOptions options;
+  std::shared_ptr<CommHook> hook;  // null: a request per gradient
   Engine* engine = nullptr;
   CallOptions call;         // engine, process set, timeout
   TensorOpOptions request;  // every gradient's allreduce
@@ -89,13 +105,22 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
   torch::nn::Module* model = nullptr;            // null: not given (no checkpoints)
   detail::GradientPipeline pipeline;
 
-  // Per parameter: the copy it is sent in when compressed or not contiguous
-  // (kept across steps), and the .grad() it was filled from (copied back).
+  // Per parameter: the copy it is sent in when not contiguous (kept across
+  // steps), and the .grad() it was filled from (copied back).
   struct Staging {
     torch::Tensor buffer;
     torch::Tensor from;
   };
   std::vector<Staging> staging;
+  // Per bucket, with a hook: its flat buffer (kept across steps) and the
+  // future of this step's result.
+  struct HookWork {
+    torch::Tensor flat;
+    CommFuture future;
+  };
+  std::vector<HookWork> hook_work;
+  TensorOpOptions hook_reduce;  // request, with the 1/k already applied to the buffer
+  int64_t steps = 0;            // synchronizations completed
 
   // The layout by readiness: at the first synchronize() every rank submits
   // rank 0's readiness order (a sum in which the other ranks add zeros)
@@ -141,17 +166,18 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
   }
 
   void launch(int b, bool /*in_backward*/) override {
+    if (hook) {
+      launch_hook(b);
+      return;
+    }
     for (int i : pipeline.buckets[b].params) {
       torch::Tensor grad = pipeline.gradient_or_zeros(i, /*store=*/true);
       torch::Tensor target = grad;
-      const bool compress = compresses(options.compression, grad.scalar_type());
-      if (compress || !grad.is_contiguous()) {
+      if (!grad.is_contiguous()) {
         Staging& s = staging[i];
-        const c10::ScalarType type =
-            compress ? compressed_type(options.compression) : grad.scalar_type();
-        if (!s.buffer.defined() || s.buffer.scalar_type() != type ||
+        if (!s.buffer.defined() || s.buffer.scalar_type() != grad.scalar_type() ||
             s.buffer.sizes() != grad.sizes()) {
-          s.buffer = torch::empty(grad.sizes(), torch::TensorOptions().dtype(type));
+          s.buffer = torch::empty(grad.sizes(), torch::TensorOptions().dtype(grad.scalar_type()));
         }
         s.buffer.copy_(grad);
         s.from = grad;
@@ -163,7 +189,60 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
     }
   }
 
+  void launch_hook(int b) {
+    const detail::GradBucket& bucket = pipeline.buckets[b];
+    HookWork& work = hook_work[b];
+    if (!work.flat.defined() || work.flat.numel() != bucket.numel ||
+        work.flat.scalar_type() != bucket.dtype) {
+      work.flat = torch::empty({bucket.numel}, torch::TensorOptions().dtype(bucket.dtype));
+    }
+    CommBucket view;
+    for (int i : bucket.params) {
+      // Defined gradients, so that unpack() has somewhere to write.
+      pipeline.gradient_or_zeros(i, /*store=*/true);
+      const detail::GradParam& p = pipeline.params[i];
+      view.parameters.push_back(p.name);
+      view.shapes.push_back(p.param.sizes().vec());
+      view.offsets.push_back(p.offset);
+    }
+    pipeline.pack(b, work.flat, detail::AfterPack::kKeep);
+    const int k = options.backward_passes_per_step;
+    if (k > 1) work.flat.div_(k);
+    view.index = b;
+    view.step = steps;
+    view.last = std::all_of(pipeline.buckets.begin(), pipeline.buckets.end(),
+                            [](const detail::GradBucket& x) { return x.launched; });
+    view.name = options.name_prefix + "bucket" + std::to_string(b);
+    view.buffer = work.flat;
+    view.reduce = hook_reduce;
+    view.rank = position.rank;
+    view.size = position.size;
+    work.future = hook->run(view);
+    if (!work.future.valid()) {
+      throw ContractError(std::string(kOp) + ": the communication hook '" + hook->describe() +
+                          "' returned an empty CommFuture for bucket " + view.name);
+    }
+  }
+
   void finished(int b, bool ok) override {
+    if (hook) {
+      HookWork& work = hook_work[b];
+      CommFuture future = std::move(work.future);
+      work.future = CommFuture();
+      if (!ok || !future.valid()) return;
+      const torch::Tensor result = future.wait(options.timeout);
+      if (!result.defined() || result.dim() != 1 || result.numel() != work.flat.numel()) {
+        throw ContractError(std::string(kOp) + ": the communication hook '" + hook->describe() +
+                            "' returned " +
+                            (result.defined() ? "a tensor of shape " + c10::str(result.sizes())
+                                              : std::string("an undefined tensor")) +
+                            " for bucket " + options.name_prefix + "bucket" + std::to_string(b) +
+                            "; it must return a 1-D tensor of the bucket's " +
+                            std::to_string(work.flat.numel()) + " elements");
+      }
+      pipeline.unpack(b, result);
+      return;
+    }
     for (int i : pipeline.buckets[b].params) {
       Staging& s = staging[i];
       if (ok && s.from.defined()) s.from.copy_(s.buffer);
@@ -189,6 +268,7 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
           positions, "DistributedOptimizer[" + options.name_prefix + "].layout", sum);
     }
     pipeline.finish(std::numeric_limits<size_t>::max());
+    ++steps;
     if (layout_request.valid()) {
       const torch::Tensor positions = layout_request.wait(options.timeout);
       layout_request = TensorHandle();
@@ -201,6 +281,7 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
         return px < py;
       });
       pipeline.set_layout(layout_along(order));
+      hook_work.assign(pipeline.buckets.size(), HookWork());
     }
   }
 };
@@ -223,6 +304,11 @@ std::string check_options(const DistributedOptimizerOptions& o) {
     error << "options.bucket_bytes is " << o.bucket_bytes
           << "; it must be at least 0 (0 = start each gradient's allreduce the moment it is "
              "ready)";
+  } else if (o.comm_hook != nullptr && o.compression != Compression::kNone) {
+    error << "options.compression is " << compression_name(o.compression)
+          << " and options.comm_hook is '" << o.comm_hook->describe()
+          << "'; compression is a hook itself (fp16_compress_hook, bf16_compress_hook): set one "
+             "of the two";
   } else if (o.gradient_predivide_factor != 1.0 && o.op != ReduceOp::kAverage) {
     error << "options.gradient_predivide_factor is " << o.gradient_predivide_factor << " with op "
           << reduce_op_name(o.op) << "; a predivide factor other than 1 needs ReduceOp::kAverage";
@@ -234,7 +320,8 @@ std::string options_manifest(const DistributedOptimizerOptions& o) {
   std::ostringstream out;
   out << "options op=" << reduce_op_name(o.op) << " compression=" << compression_name(o.compression)
       << " backward_passes_per_step=" << o.backward_passes_per_step
-      << " gradient_predivide_factor=" << o.gradient_predivide_factor << "\n";
+      << " gradient_predivide_factor=" << o.gradient_predivide_factor
+      << " comm_hook=" << (o.comm_hook ? o.comm_hook->describe() : "none") << "\n";
   return out.str();
 }
 
@@ -389,6 +476,9 @@ void DistributedOptimizer::build(const std::vector<std::pair<std::string, torch:
   } else {
     impl.request.prescale = 1.0 / k;
   }
+  // A hook's buffer is already divided by k.
+  impl.hook_reduce = impl.request;
+  impl.hook_reduce.prescale = impl.request.prescale * k;
 
   // Parameters with requires_grad == false are skipped on every rank.
   for (size_t i = 0; i < params.size(); ++i) {
@@ -397,6 +487,7 @@ void DistributedOptimizer::build(const std::vector<std::pair<std::string, torch:
   }
   impl.staging.resize(impl.pipeline.params.size());
   impl.pipeline.set_layout(impl.layout_along(impl.reverse_order()));
+  impl.hook_work.resize(impl.pipeline.buckets.size());
   impl.pipeline.install_hooks(std::shared_ptr<detail::GradientPipeline>(impl_, &impl.pipeline));
 }
 
@@ -490,7 +581,9 @@ detail::ReplicatedCheckpoint DistributedOptimizer::checkpoint_of(const char* cal
           *impl_->model,
           impl_->position,
           impl_->call,
-          "DistributedOptimizer[" + impl_->options.name_prefix + "]"};
+          "DistributedOptimizer[" + impl_->options.name_prefix + "]",
+          impl_->hook.get(),
+          &impl_->steps};
 }
 
 void DistributedOptimizer::save(const std::string& dir, const CheckpointState& state) {

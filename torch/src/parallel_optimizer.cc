@@ -23,6 +23,11 @@ std::string unsupported_at_zero(const ParallelOptimizerOptions& o) {
     return "options.compression is " + std::string(compression_name(o.compression)) + "; " + stage +
            " reduce-scatters full-precision gradients; use zero_stage 0 or kNone";
   }
+  if (o.comm_hook != nullptr) {
+    return "options.comm_hook is '" + o.comm_hook->describe() + "'; " + stage +
+           " reduce-scatters its flat shard buffers (each rank receives only its slice), which a "
+           "communication hook cannot take part in; use zero_stage 0 for hooks";
+  }
   if (o.gradient_predivide_factor != 1.0) {
     return "options.gradient_predivide_factor is " + std::to_string(o.gradient_predivide_factor) +
            "; " + stage + " takes no predivide factor; use zero_stage 0 or 1.0";

@@ -561,8 +561,19 @@ void save_replicated(const std::string& dir, const ReplicatedCheckpoint& what,
                      const CheckpointState& checkpoint) {
   const std::string op = "kolo::save_checkpoint";
   const std::vector<std::string> rng = gather_generator_states(what.name + ".save", what.call);
-  std::string error;
-  if (what.position.rank == 0) {
+  std::vector<std::string> hook_states;
+  std::string local_error;
+  if (what.hook != nullptr) {
+    std::string mine;
+    try {
+      mine = what.hook->save_state();
+    } catch (const std::exception& e) {
+      local_error = "the communication hook's save_state() failed: " + what_of(e);
+    }
+    hook_states = gather_bytes(mine, what.name + ".save.hook", what.call);
+  }
+  std::string error = local_error;
+  if (what.position.rank == 0 && error.empty()) {
     try {
       torch::NoGradGuard no_grad;
       Shard shard;
@@ -591,6 +602,11 @@ void save_replicated(const std::string& dir, const ReplicatedCheckpoint& what,
       index.world = 1;
       index.stage = 0;
       index.rng_states = rng;
+      if (what.hook != nullptr) {
+        index.hook = what.hook->describe();
+        index.hook_states = hook_states;
+        index.hook_step = what.exchanges != nullptr ? *what.exchanges : 0;
+      }
       index.files = {shard_file(0, 1)};
       index.segments.assign(1, {});
       for (const ZeroParam& p : what.params) index.segments[0].push_back({p.name, 0, p.numel});
@@ -649,6 +665,15 @@ CheckpointState load_replicated(const std::string& dir, const ReplicatedCheckpoi
     if (static_cast<int>(index.rng_states.size()) == what.position.size) {
       set_default_generator_state(index.rng_states[static_cast<size_t>(what.position.rank)]);
       result.rng_restored = true;
+    }
+    // A hook's state is this rank's (PowerSGD's error feedback): it goes
+    // back only to the same rank of a world of the same size, with the same
+    // hook; otherwise the hook keeps its fresh state.
+    if (what.hook != nullptr && index.hook == what.hook->describe() &&
+        static_cast<int>(index.hook_states.size()) == what.position.size) {
+      what.hook->load_state(index.hook_states[static_cast<size_t>(what.position.rank)]);
+      // The hook goes on at the step it was saved at (PowerSGD's start_step).
+      if (what.exchanges != nullptr) *what.exchanges = index.hook_step;
     }
   } catch (const std::exception& e) {
     error = what_of(e);

@@ -13,6 +13,7 @@
 #include "common.h"
 #include "gradient_pipeline.h"
 #include "kolo/torch/checkpoint.h"
+#include "kolo/torch/comm_hook.h"
 
 namespace torch::nn {
 class Module;
@@ -31,6 +32,13 @@ struct ReplicatedCheckpoint {
   SetPosition position;
   CallOptions call;
   std::string name;  // prefix of the requests: "<name>.save...", "<name>.load..."
+  // The optimizer's communication hook (nullptr = none): every rank's
+  // save_state() is saved, and handed back to the same rank on a load into
+  // as many ranks with the same hook.
+  CommHook* hook = nullptr;
+  // With a hook: the optimizer's count of completed exchanges (what hooks
+  // see as CommBucket::step), saved and restored with the hook's state.
+  int64_t* exchanges = nullptr;
 };
 
 // Collective. The optimizer's state must be element-wise (every state
@@ -47,5 +55,9 @@ CheckpointState load_replicated(const std::string& dir, const ReplicatedCheckpoi
 // allgather, "<name>.rng").
 std::vector<std::string> gather_generator_states(const std::string& name,
                                                  const CallOptions& options);
+// Every rank's `bytes`, in rank order of the set, on every rank (one
+// allgather, "<name>").
+std::vector<std::string> gather_bytes(const std::string& bytes, const std::string& name,
+                                      const CallOptions& options);
 
 }  // namespace kolo::detail

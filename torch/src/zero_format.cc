@@ -228,6 +228,14 @@ std::string encode_zero_index(const ZeroIndexFile& index) {
       a.write("rng/" + std::to_string(r), c10::IValue(bytes_tensor(index.rng_states[r])));
     }
   }
+  if (!index.hook.empty()) {
+    a.write("hook/name", c10::IValue(index.hook));
+    a.write("hook/step", c10::IValue(index.hook_step));
+    a.write("hook/count", c10::IValue(static_cast<int64_t>(index.hook_states.size())));
+    for (size_t r = 0; r < index.hook_states.size(); ++r) {
+      a.write("hook/" + std::to_string(r), c10::IValue(bytes_tensor(index.hook_states[r])));
+    }
+  }
   for (size_t r = 0; r < index.files.size(); ++r) {
     const std::string k = "shards/" + std::to_string(r);
     a.write(k + "/file", c10::IValue(index.files[r]));
@@ -297,6 +305,16 @@ ZeroIndexFile decode_zero_index(const std::string& payload, const std::string& s
     const int64_t count = read_int_in(a, "rng/count", 0, kMaxWorld, source);
     for (int64_t r = 0; r < count; ++r) {
       index.rng_states.push_back(tensor_bytes(read_tensor(a, "rng/" + std::to_string(r), source)));
+    }
+  }
+  c10::IValue hook;
+  if (a.try_read("hook/name", hook)) {
+    index.hook = read_string(a, "hook/name", source);
+    index.hook_step = read_int_in(a, "hook/step", 0, std::numeric_limits<int64_t>::max(), source);
+    const int64_t count = read_int_in(a, "hook/count", 0, kMaxWorld, source);
+    for (int64_t r = 0; r < count; ++r) {
+      index.hook_states.push_back(
+          tensor_bytes(read_tensor(a, "hook/" + std::to_string(r), source)));
     }
   }
   for (int r = 0; r < index.world; ++r) {

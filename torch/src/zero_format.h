@@ -87,6 +87,11 @@ struct ZeroIndexFile {
   // Stage 0 (a DistributedOptimizer's save): every rank's default CPU
   // generator state, "rng/<r>" (absent elsewhere).
   std::vector<std::string> rng_states;
+  // Stage 0 with a communication hook: its describe() ("hook/name") and
+  // every rank's save_state(), "hook/<r>" (absent without a hook).
+  std::string hook;
+  std::vector<std::string> hook_states;
+  int64_t hook_step = 0;  // "hook/step": the exchanges completed at the save
   std::vector<std::string> files;                     // per shard
   std::vector<std::vector<ZeroSegmentRef>> segments;  // per shard
 };

@@ -72,11 +72,20 @@
 // (Horovod's semantics: dividing part before the sum keeps fp16 sums in
 // range). op = kSum: prescale 1 / k, no division by the ranks.
 //
-// Compression. kFp16 / kBf16: each float32 or float64 gradient is copied into
-// a buffer of that dtype (kept for the next step), reduced in it and copied
-// back by step(). Halves the bytes sent; costs precision (fp16 keeps about 3
-// decimal digits, bf16 about 2). Gradients of other dtypes are sent as they
-// are.
+// Communication hooks (comm_hook.h, DDP's register_comm_hook): with
+// options.comm_hook set, each bucket is packed into a flat buffer and handed
+// to the hook, which returns the future of the reduced bucket (built in:
+// allreduce_hook, fp16/bf16_compress_hook, powersgd_hook; or your own).
+// step() waits for the buckets' futures in bucket order, the same on every
+// rank (a hook's later collectives are started by that wait), and copies
+// each result into the gradients. The hook's state is saved and restored
+// with the optimizer by kolo::save_checkpoint / kolo::load_checkpoint.
+//
+// Compression. kFp16 / kBf16 install fp16_compress_hook / bf16_compress_hook:
+// a bucket of float32 or float64 gradients is cast to that dtype, reduced in
+// it and cast back by step(). Halves the bytes sent; costs precision (fp16
+// keeps about 3 decimal digits, bf16 about 2). Buckets of other dtypes are
+// sent as they are.
 //
 // Threads. backward() and the calls below must come from one thread at a
 // time (the usual training loop). At world size 1 the same code runs: every
@@ -100,6 +109,7 @@
 
 #include "kolo/core/dtype.h"
 #include "kolo/core/export.h"
+#include "kolo/torch/comm_hook.h"
 #include "kolo/torch/parallel_optimizer.h"
 #include "kolo/torch/tensor.h"
 
@@ -134,8 +144,12 @@ struct DistributedOptimizerOptions : GradientOptions {
   // backward() makes them ready; 0 = each gradient alone, the moment it is
   // ready. See "Buckets" above for why the default is DDP's 25 MiB.
   ReduceOp op = ReduceOp::kAverage;  // kAverage or kSum
-  Compression compression = Compression::kNone;
+  Compression compression = Compression::kNone;  // kFp16 / kBf16: a compress hook
   double gradient_predivide_factor = 1.0;  // f > 0; != 1 only with kAverage
+  // What is done with each bucket (comm_hook.h); nullptr = one allreduce
+  // request per gradient, fused by the engine. Not with compression (which
+  // is a hook itself).
+  std::shared_ptr<CommHook> comm_hook;
 };
 
 class DistributedOptimizer : public ParallelOptimizer {
