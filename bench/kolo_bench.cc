@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cnn", "mlp"}));
   scaling_sub->add_option("--systems", scaling.systems, "systems to measure")
       ->delimiter(',')
-      ->check(CLI::IsMember({"kolo", "kolo_python", "kolo_balanced", "independent",
+      ->check(CLI::IsMember({"kolo", "kolo_python", "kolo_balanced", "kolo_powersgd", "independent",
                              "libtorch_1thread", "libtorch_2threads", "c10d_gloo", "pytorch_ddp"}));
   scaling_sub->add_option("--workers", scaling.workers, "worker counts")
       ->delimiter(',')
@@ -149,6 +149,10 @@ int main(int argc, char** argv) {
                    "kolo systems: DistributedOptimizerOptions::bucket_bytes (default: "
                    "kolo's, 25 MiB; 0 = each gradient alone, the moment it is ready)")
       ->check(CLI::NonNegativeNumber);
+  scaling_sub
+      ->add_option("--powersgd-rank", scaling.powersgd_rank,
+                   "kolo_powersgd: rank of PowerSGD's low-rank approximation")
+      ->check(CLI::PositiveNumber);
   scaling_sub->add_flag("--json", scaling.json, "one JSON object per row instead of the table");
   scaling_sub->add_option("--docs", scaling.docs_path,
                           "rewrite the scaling section of this markdown file");
@@ -399,6 +403,9 @@ int main(int argc, char** argv) {
       scaling_worker.data_dir = scaling.data_dir;
       scaling_worker.sync_timeout_s = scaling.config_timeout_s;
       scaling_worker.bucket_bytes = scaling.bucket_bytes;
+      // The driver passes --powersgd-rank to kolo_powersgd's workers only.
+      if (scaling_sub->count("--powersgd-rank") > 0)
+        scaling_worker.powersgd_rank = scaling.powersgd_rank;
       return kolo::bench::run_scaling_worker(scaling_worker);
     }
 #endif

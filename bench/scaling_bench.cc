@@ -170,6 +170,8 @@ struct Measurement {
   // The last run's mean images per step of each worker, by rank
   // ("70.2/57.8"): kolo_balanced's split.
   std::string batches;
+  // kolo systems: the most bytes a worker handed to allreduce per step.
+  double allreduced_bytes = 0;
   std::string error;
 };
 
@@ -241,7 +243,8 @@ class Driver {
           continue;
         }
         for (int w : options_.workers) {
-          if (system == "kolo_balanced" && w == 1) continue;  // nothing to balance
+          // Nothing to balance, nothing to compress.
+          if ((system == "kolo_balanced" || system == "kolo_powersgd") && w == 1) continue;
           list.push_back({model, system, w, options_.threads});
         }
       }
@@ -274,13 +277,16 @@ class Driver {
     std::vector<Command> commands;
     const std::string tag = config.model + "-" + config.system + "-" +
                             std::to_string(config.workers) + "-" + std::to_string(repeat);
-    if (config.system == "kolo" || config.system == "kolo_balanced") {
+    if (config.system == "kolo" || config.system == "kolo_balanced" ||
+        config.system == "kolo_powersgd") {
       Command c{{kolorun_, "-np", std::to_string(config.workers), "--job-timeout",
                  std::to_string(options_.config_timeout_s), self_},
                 thread_env};
       c.argv.insert(c.argv.end(), worker_args.begin(), worker_args.end());
       c.argv.insert(c.argv.end(), {"--system", "kolo"});
       if (config.system == "kolo_balanced") c.argv.push_back("--balance");
+      if (config.system == "kolo_powersgd")
+        c.argv.insert(c.argv.end(), {"--powersgd-rank", std::to_string(options_.powersgd_rank)});
       if (options_.bucket_bytes >= 0)
         c.argv.insert(c.argv.end(), {"--bucket-bytes", std::to_string(options_.bucket_bytes)});
       commands.push_back(c);
@@ -344,6 +350,8 @@ class Driver {
     for (const std::string& out : run.outputs) {
       for (const nlohmann::json& row : json_lines(out)) {
         batches[row.value("rank", ranks)] = row.value("batch", 0.0);
+        m->allreduced_bytes =
+            std::max(m->allreduced_bytes, row.value("allreduced_bytes_per_step", 0.0));
         ips += row.at("images_per_sec").get<double>();
         slowest = std::min(slowest, row.at("images_per_sec").get<double>());
         step_ms = std::max(step_ms, row.at("step_ms").get<double>());
@@ -480,6 +488,12 @@ int run_scaling_bench(const ScalingOptions& options) {
     if (c.system == "kolo") note += std::string(note.empty() ? "" : ", ") + "DistributedOptimizer";
     if (c.system == "kolo_python")
       note += std::string(note.empty() ? "" : ", ") + "hvd.DistributedOptimizer (Python)";
+    if (c.system == "kolo_powersgd")
+      note += std::string(note.empty() ? "" : ", ") + "PowerSGD rank " +
+              std::to_string(options.powersgd_rank);
+    if (m.allreduced_bytes > 0)
+      note += std::string(note.empty() ? "" : ", ") + format_fixed(m.allreduced_bytes / 1e6, 2) +
+              " MB allreduced/step/worker";
     if (c.system == "kolo_balanced" && !m.batches.empty())
       note +=
           std::string(note.empty() ? "" : ", ") + "BatchBalancer, images/step by rank " + m.batches;
@@ -506,6 +520,7 @@ int run_scaling_bench(const ScalingOptions& options) {
     row["runs"] = m.images_per_sec;
     if (c.system == "independent")
       row["slowest_worker_images_per_sec"] = median(m.slowest_worker_images_per_sec);
+    if (m.allreduced_bytes > 0) row["allreduced_bytes_per_step"] = m.allreduced_bytes;
     report.add_row(
         {c.model, c.system, std::to_string(c.workers), std::to_string(c.threads),
          std::to_string(batch), format_fixed(value, 1), format_fixed(median(m.step_ms), 1),
@@ -532,6 +547,7 @@ int run_scaling_bench(const ScalingOptions& options) {
     ratio("kolo x2 / independent x2", "kolo", 2, "independent", 2);
     ratio("kolo_balanced x2 / independent x2", "kolo_balanced", 2, "independent", 2);
     ratio("kolo_balanced x2 / kolo x2", "kolo_balanced", 2, "kolo", 2);
+    ratio("kolo_powersgd x2 / kolo x2", "kolo_powersgd", 2, "kolo", 2);
     ratio("kolo x2 / c10d_gloo x2", "kolo", 2, "c10d_gloo", 2);
     ratio("kolo x2 / pytorch_ddp x2", "kolo", 2, "pytorch_ddp", 2);
     ratio("kolo_python x2 / kolo x2", "kolo_python", 2, "kolo", 2);

@@ -20,6 +20,9 @@
 //                      --system kolo); only when python3 can import kolo.torch
 //   kolo_balanced      the same with kolo::BatchBalancer: the same global batch split
 //                      by each worker's measured speed (kolo/core/batch_balancer.h)
+//   kolo_powersgd      kolo with the PowerSGD communication hook (rank
+//                      --powersgd-rank, from the first step after warm-up step 0);
+//                      the note gives the bytes each worker allreduces per step
 //   independent        N processes training alone, no gradient exchange: the ceiling.
 //                      They start timing together and keep training (untimed) until
 //                      the last one has finished its timed steps, so that every
@@ -40,9 +43,9 @@ namespace kolo::bench {
 
 struct ScalingOptions {
   std::vector<std::string> models = {"cnn", "mlp"};
-  std::vector<std::string> systems = {"kolo",        "kolo_python",      "kolo_balanced",
-                                      "independent", "libtorch_1thread", "libtorch_2threads",
-                                      "c10d_gloo",   "pytorch_ddp"};
+  std::vector<std::string> systems = {"kolo",          "kolo_python",      "kolo_balanced",
+                                      "kolo_powersgd", "independent",      "libtorch_1thread",
+                                      "libtorch_2threads", "c10d_gloo",    "pytorch_ddp"};
   std::vector<int> workers = {1, 2, 4};
   int steps = 50;        // timed steps per worker
   int warmup_steps = 5;  // untimed steps first
@@ -52,6 +55,7 @@ struct ScalingOptions {
   int mlp_batch = 16;    // per-worker batch of the MLP (SGD)
   // kolo systems: DistributedOptimizerOptions::bucket_bytes; < 0 = kolo's default.
   int64_t bucket_bytes = -1;
+  int powersgd_rank = 4;   // kolo_powersgd: PowerSGDOptions::rank
   bool synthetic = false;  // random data of Fashion-MNIST's shape instead of the files
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int config_timeout_s = 900;  // a configuration running longer is killed and reported
@@ -80,6 +84,7 @@ struct ScalingWorkerOptions {
   std::string store_path;     // c10d_gloo: FileStore path shared by the ranks
   bool balance = false;       // kolo: kolo::BatchBalancer splits the global batch
   int64_t bucket_bytes = -1;  // kolo: DistributedOptimizerOptions::bucket_bytes; < 0 = default
+  int powersgd_rank = 0;      // kolo: > 0 = the PowerSGD hook at this rank
   // local with WORLD_SIZE > 1 (independent): a directory the workers share
   // (a kolo file store) to start timing together and to keep training until
   // all are done; waiting for the others to start ends after sync_timeout_s

@@ -107,11 +107,19 @@ int run_scaling_worker(const ScalingWorkerOptions& options) {
 
   // The gradient exchange of each system.
   std::unique_ptr<kolo::DistributedOptimizer> kolo_optimizer;
+  std::shared_ptr<kolo::PowerSGDHook> powersgd;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
   if (use_kolo) {
     kolo::broadcast_parameters(*trainee.module, /*root=*/0);
     kolo::DistributedOptimizerOptions distributed;
     if (options.bucket_bytes >= 0) distributed.bucket_bytes = options.bucket_bytes;
+    if (options.powersgd_rank > 0) {
+      kolo::PowerSGDOptions psgd;
+      psgd.rank = options.powersgd_rank;
+      psgd.start_step = 1;  // step 0 (warm-up) lays the buckets out
+      powersgd = kolo::powersgd_hook(psgd);
+      distributed.comm_hook = powersgd;
+    }
     kolo_optimizer = std::make_unique<kolo::DistributedOptimizer>(
         *trainee.optimizer, trainee.module->named_parameters(), distributed);
   } else if (use_c10d) {
@@ -221,6 +229,16 @@ int run_scaling_worker(const ScalingWorkerOptions& options) {
                         {"batch", static_cast<double>(images) / options.steps},
                         {"images_per_sec", static_cast<double>(images) / elapsed_s},
                         {"step_ms", 1000.0 * elapsed_s / options.steps}};
+  if (use_kolo) {
+    // What this worker hands to allreduce per step: every gradient, or
+    // PowerSGD's factors and uncompressed rest (float32 elements).
+    int64_t bytes = 0;
+    for (const torch::Tensor& p : trainee.module->parameters()) {
+      bytes += p.numel() * static_cast<int64_t>(p.element_size());
+    }
+    if (powersgd) bytes = powersgd->stats().sent_elements * 4;
+    row["allreduced_bytes_per_step"] = bytes;
+  }
   std::printf("%s\n", row.dump().c_str());
   std::fflush(stdout);
   if (group) group->barrier()->wait();  // nobody leaves while a peer still reduces
