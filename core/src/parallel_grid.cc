@@ -28,7 +28,7 @@ ParallelGrid::ParallelGrid(int dp, int pp, int tp, const ParallelGridOptions& op
     for (int t = 0; t < tp; ++t) {
       std::vector<int> group;
       for (int d = 0; d < dp; ++d) group.push_back(rank_of(d, p, t));
-      const int set = dp == world ? 0 : engine_->add_process_set(group);
+      const int set = dp == world ? 0 : engine_->add_process_set(group).id();
       if (p == pp_rank_ && t == tp_rank_) dp_set_ = set;
     }
   }
@@ -36,7 +36,7 @@ ParallelGrid::ParallelGrid(int dp, int pp, int tp, const ParallelGridOptions& op
     for (int d = 0; d < dp; ++d) {
       std::vector<int> group;
       for (int t = 0; t < tp; ++t) group.push_back(rank_of(d, p, t));
-      const int set = tp == world ? 0 : engine_->add_process_set(group);
+      const int set = tp == world ? 0 : engine_->add_process_set(group).id();
       if (p == pp_rank_ && d == dp_rank_) tp_set_ = set;
     }
   }

@@ -135,7 +135,7 @@ TEST(HierarchicalRuntime, WorldEngineAndProcessSetsOnTwoHostsOfTwo) {
         for (float v : x) {
           if (v != 10.0f) return "engine allreduce gave " + std::to_string(v) + ", expected 10";
         }
-        const int set = engine.add_process_set({1, 3});
+        const int set = engine.add_process_set({1, 3}).id();
         if (rank == 1 || rank == 3) {
           std::vector<float> y(1000, float(rank));
           TensorView yv{y.data(), DType::kF32, {static_cast<int64_t>(y.size())}};

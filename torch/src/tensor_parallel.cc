@@ -61,12 +61,9 @@ struct Group {
 
 Group group_of(const TensorParallelOptions& options) {
   Group g;
-  g.engine = &engine_of(options);
+  g.engine = &engine_of(options, "kolo tensor-parallel layer");
   g.process_set = options.process_set;
-  g.timeout_ms =
-      options.timeout == std::chrono::milliseconds::max()
-          ? std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::hours(24)).count()
-          : options.timeout.count();
+  g.timeout_ms = options.timeout.count();  // 0 = no limit of its own
   return g;
 }
 
@@ -133,8 +130,8 @@ void place_in_group(const TensorParallelOptions& options, const std::string& wha
                         ": TensorParallelOptions::name is empty; give each layer a name that is "
                         "unique in its group (its requests are named after it)");
   }
-  const detail::SetPosition position = detail::set_position(engine_of(options), options.process_set,
-                                                            options.name + "/members", options);
+  const detail::SetPosition position = detail::set_position(
+      engine_of(options, "kolo " + what), options.process_set, "kolo " + what);
   *rank = position.rank;
   *size = position.size;
 }
