@@ -63,7 +63,7 @@ class Handle {
       const std::chrono::milliseconds timeout =
           timeout_seconds
               ? std::chrono::milliseconds(static_cast<int64_t>(*timeout_seconds * 1000.0 + 0.5))
-              : std::chrono::milliseconds::max();
+              : std::chrono::milliseconds{0};  // 0 = no limit (kolo/core/engine.h)
       for (const TensorHandle& part : parts_) {
         try {
           tensors.push_back(part.wait(timeout));

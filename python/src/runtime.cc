@@ -80,7 +80,7 @@ void bind_runtime(py::module_& m) {
 
   m.def(
       "add_process_set",
-      [](const std::vector<int>& ranks) { return runtime().engine().add_process_set(ranks); },
+      [](const std::vector<int>& ranks) { return runtime().engine().add_process_set(ranks).id(); },
       py::arg("ranks"), py::call_guard<py::gil_scoped_release>(),
       "Engine::add_process_set: collective over every world rank; returns the set's id.");
   m.def(

@@ -22,7 +22,7 @@ void bind_sampler(py::module_& m) {
                        bool drop_last) {
              DistributedSamplerOptions options;
              options.rank = rank;
-             options.size = size;
+             options.world_size = size;
              options.shuffle = shuffle;
              options.seed = seed;
              options.drop_last = drop_last;
