@@ -1,13 +1,16 @@
 // Ranks as threads: point-to-point transfers on every backend that runs inside
 // one process (threads, shm, gloo), world sizes 2-5: the shared pattern check,
 // count and dtype mismatches (a ContractError on both sides, and the
-// communicator stays usable), a peer that never posts (TimeoutError naming
+// communicator stays usable), transfers that complete while the sender is
+// away from the communicator, a peer that never posts (TimeoutError naming
 // it), a peer that destroys its communicator (RuntimeFault naming it), and the
 // local argument checks.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -182,6 +185,58 @@ TEST_P(P2PErrors, PeerThatDestroysItsCommunicatorIsNamed) {
   });
   EXPECT_NE(message.find("rank 1"), std::string::npos) << message;
   EXPECT_EQ(failed, std::vector<int>{1}) << message;
+}
+
+// Progress without the sender: rank 0 posts two isends (a small header, then
+// a payload larger than shm's rings) and stays away from the communicator,
+// as a pipeline stage computing its next micro-batch does; rank 1 receives
+// the header, and only then posts the payload's receive (as kolo::recv on
+// tensors does). Both receives must complete while rank 0 is away: a
+// transfer that moved only on its owner's next call would hold the receiver
+// for the sender's whole computation. Rank 0 gives up waiting after a
+// generous bound, so a failure is an assertion, not a hang.
+TEST_P(P2PErrors, SendsMoveWhileTheSenderIsAway) {
+  EngineWorld world(GetParam(), 2, kTimeout);
+  constexpr size_t kPayload = (size_t{3} << 20) / 4 + 5;  // f32 elements, ~3 MiB
+  std::mutex mutex;
+  std::condition_variable arrived_cv;
+  bool arrived = false, sender_back = false;
+  bool arrived_while_away = false;
+  std::vector<std::string> wrong;
+  run_ranks(2, [&](int rank) {
+    auto comm = world.communicator(rank);
+    comm->barrier({});
+    if (rank == 0) {
+      std::vector<int64_t> header = {static_cast<int64_t>(kPayload)};
+      std::vector<float> payload(kPayload);
+      testing::fill_payload(payload.data(), kPayload, DType::kF32, 0, 1, 3, 0);
+      P2PHandle h = comm->isend(header.data(), 1, DType::kI64, 1, tagged(3));
+      P2PHandle d = comm->isend(payload.data(), kPayload, DType::kF32, 1, tagged(3));
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        arrived_cv.wait_for(lock, std::chrono::seconds(60), [&] { return arrived; });
+        sender_back = true;
+      }
+      h.wait();
+      d.wait();
+    } else {
+      int64_t count = 0;
+      comm->recv(&count, 1, DType::kI64, 0, tagged(3));
+      std::vector<float> payload(static_cast<size_t>(count));
+      comm->recv(payload.data(), payload.size(), DType::kF32, 0, tagged(3));
+      const std::string problem =
+          testing::check_payload(payload.data(), payload.size(), DType::kF32, 0, 1, 3, 0);
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!problem.empty()) wrong.push_back(problem);
+      arrived = true;
+      arrived_while_away = !sender_back;
+      arrived_cv.notify_all();
+    }
+    comm->barrier({});
+  });
+  EXPECT_TRUE(wrong.empty()) << wrong.front();
+  EXPECT_TRUE(arrived_while_away)
+      << "the payload arrived only after the sender called into the communicator again";
 }
 
 TEST_P(P2PErrors, LocalArgumentErrors) {

@@ -4,10 +4,13 @@
 #include <sched.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include "comm/shm_segment.h"
 #include "kolo/core/errors.h"
@@ -30,7 +33,8 @@ constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
 
 struct alignas(64) RankArea {
   std::atomic<uint32_t> bell;  // futex word: bumped when a peer published something for this rank
-  alignas(64) std::atomic<uint32_t> sleeping;  // this rank is (about to be) blocked on the bell
+  // Threads of this rank (about to be) blocked on the bell: a waiter and the pump.
+  alignas(64) std::atomic<uint32_t> sleeping;
 };
 
 struct FrameRing {
@@ -88,8 +92,15 @@ struct ShmP2POp;
 
 }  // namespace
 
-// This rank's side of every transfer, shared by ShmP2P and the handles. Used
-// by one thread at a time (the Communicator contract), so no locks.
+// Thrown inside a pass of the pump when a peer wrote something corrupt: the
+// pump must not fail the communicator itself (that is the calling thread's
+// job, with the hooks), so it records the fault and stops.
+struct DeferredFault {};
+
+// This rank's side of every transfer, shared by ShmP2P, the handles and the
+// pump thread. The caller's thread (one at a time, the Communicator contract)
+// and the pump take `mutex` around every look at this state; nobody holds it
+// while blocked on the bell.
 struct ShmP2P::State {
   State(char* area, int rank, int size, std::chrono::milliseconds default_timeout,
         std::chrono::microseconds spin, ShmP2PHooks hooks)
@@ -140,6 +151,27 @@ struct ShmP2P::State {
   P2PSequences sequences;
   bool closed = false;
   std::string closed_reason;
+
+  // Transfers posted and not finished (the pump sleeps while there are none).
+  size_t pending = 0;
+  // The pump: a thread that makes progress while the caller's thread is away
+  // (computing), so that a posted isend moves as soon as the peer posts its
+  // receive, without waiting for this rank's next point-to-point call.
+  std::mutex mutex;
+  std::condition_variable pump_cv;  // pending work, a waiter leaving, or stop
+  std::thread pump;
+  bool pump_stop = false;
+  int waiters = 0;             // caller threads inside wait(): the pump stands back meanwhile
+  bool pumping = false;        // a pass of the pump is running (corrupt input is deferred)
+  std::string deferred_fault;  // a corrupt peer the pump found; raised by the caller
+  std::vector<int> deferred_ranks;
+
+  void run_pump();
+  void stop_pump();
+  // Fails the communicator for a peer's corrupt data: through the hooks on the
+  // caller's thread; recorded and raised at the caller's next call on the pump's.
+  [[noreturn]] void corrupt(const std::string& message, int peer);
+  void raise_deferred();
 };
 
 namespace {
@@ -156,8 +188,20 @@ struct ShmP2POp final : P2POp {
         timeout(timeout),
         deadline(Clock::now() + timeout) {}
 
-  bool test() override { return state->test(*this); }
-  void wait() override { state->wait(*this); }
+  // Both keep the state alive through the call (wait() drops the op's own
+  // reference); an op already waited for has none and only reports.
+  bool test() override {
+    const std::shared_ptr<ShmP2P::State> keep = state;
+    return keep ? keep->test(*this) : true;
+  }
+  void wait() override {
+    const std::shared_ptr<ShmP2P::State> keep = state;
+    if (keep) {
+      keep->wait(*this);
+    } else if (error) {
+      std::rethrow_exception(error);
+    }
+  }
 
   P2PKey key() const { return {frame.tag, frame.sequence}; }
   std::string name() const { return p2p_what(kind, peer, frame.tag); }
@@ -181,6 +225,7 @@ struct ShmP2POp final : P2POp {
 }  // namespace
 
 void ShmP2P::State::finish(ShmP2POp& op, std::exception_ptr error) {
+  if (!op.done) --pending;
   op.done = true;
   op.error = std::move(error);
   Peer& p = peers[op.peer];
@@ -208,10 +253,9 @@ void ShmP2P::State::match(ShmP2POp& op, const P2PFrame& theirs) {
 void ShmP2P::State::take_frame(int peer, bool rts, const P2PFrame& frame) {
   const std::string problem = frame_problem(frame);
   if (!problem.empty() || frame.type != (rts ? P2PFrame::kRts : P2PFrame::kRtr)) {
-    hooks.fail("kolo shm point-to-point: rank " + std::to_string(peer) +
-                   " wrote a corrupt frame (" + (problem.empty() ? "wrong type" : problem) +
-                   ") into the segment",
-               {peer}, false);
+    corrupt("kolo shm point-to-point: rank " + std::to_string(peer) + " wrote a corrupt frame (" +
+                (problem.empty() ? "wrong type" : problem) + ") into the segment",
+            peer);
   }
   Peer& p = peers[peer];
   const P2PKey key{frame.tag, frame.sequence};
@@ -307,11 +351,11 @@ bool ShmP2P::State::progress_peer(int peer) {
     if (it == p.recvs.end() || !it->second->matched ||
         cell.header.offset + cell.header.bytes > it->second->bytes ||
         cell.header.bytes > kCellBytes) {
-      hooks.fail("kolo shm point-to-point: rank " + std::to_string(peer) + " streamed data (tag " +
-                     std::to_string(cell.header.tag) + ", message " +
-                     std::to_string(cell.header.sequence) + ") that matches no receive of rank " +
-                     std::to_string(rank) + "; the segment is corrupt",
-                 {peer}, false);
+      corrupt("kolo shm point-to-point: rank " + std::to_string(peer) + " streamed data (tag " +
+                  std::to_string(cell.header.tag) + ", message " +
+                  std::to_string(cell.header.sequence) + ") that matches no receive of rank " +
+                  std::to_string(rank) + "; the segment is corrupt",
+              peer);
     }
     std::shared_ptr<ShmP2POp> op = it->second;
     std::memcpy(const_cast<char*>(op->data) + cell.header.offset, cell.data, cell.header.bytes);
@@ -333,8 +377,10 @@ bool ShmP2P::State::progress() {
 }
 
 bool ShmP2P::State::test(ShmP2POp& op) {
+  std::lock_guard<std::mutex> lock(mutex);
   if (op.done || closed) return true;
   try {
+    raise_deferred();
     hooks.check_usable(op.name());
     progress();
   } catch (...) {
@@ -362,8 +408,9 @@ void ShmP2P::State::fail_peer(ShmP2POp& op, ShmP2PHooks::Peer state) {
 }
 
 void ShmP2P::State::wait(ShmP2POp& op) {
+  std::unique_lock<std::mutex> lock(mutex);
   auto rethrow = [&] {
-    op.state.reset();
+    op.state.reset();  // the caller (ShmP2POp::wait) still holds the state
     if (op.error) std::rethrow_exception(op.error);
   };
   if (op.done) return rethrow();
@@ -372,11 +419,21 @@ void ShmP2P::State::wait(ShmP2POp& op) {
     return rethrow();
   }
   try {
+    raise_deferred();
     hooks.check_usable(op.name());
   } catch (...) {
     finish(op, std::current_exception());
     throw;
   }
+  // The pump stands back while this thread waits (it would only compete for
+  // the lock and the cores); it resumes when the wait ends with work left.
+  ++waiters;
+  struct Leave {
+    State& s;
+    ~Leave() {
+      if (--s.waiters == 0 && s.pending > 0) s.pump_cv.notify_one();
+    }
+  } leave{*this};
   // Spin: the peer is often just about to post.
   const auto spin_end = Clock::now() + spin;
   for (uint32_t i = 1; !op.done; ++i) {
@@ -384,7 +441,9 @@ void ShmP2P::State::wait(ShmP2POp& op) {
     if (op.done) break;
     if ((i & 15) == 0) {
       if (Clock::now() >= spin_end) break;
+      lock.unlock();
       sched_yield();
+      lock.lock();
     } else {
       cpu_relax();
     }
@@ -394,15 +453,19 @@ void ShmP2P::State::wait(ShmP2POp& op) {
   while (!op.done) {
     // Sleep only when a pass moved nothing (a peer that publishes after the
     // bell was read changes it, so the futex does not block).
-    self.sleeping.store(1, std::memory_order_seq_cst);
+    self.sleeping.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t bell = self.bell.load(std::memory_order_seq_cst);
     const bool moved = progress();
     if (!moved && !op.done) {
       const auto now = Clock::now();
       const auto until = std::min(op.deadline, next_liveness);
-      if (until > now) futex_wait(&self.bell, bell, until - now);
+      if (until > now) {
+        lock.unlock();
+        futex_wait(&self.bell, bell, until - now);
+        lock.lock();
+      }
     }
-    self.sleeping.store(0, std::memory_order_seq_cst);
+    self.sleeping.fetch_sub(1, std::memory_order_seq_cst);
     if (!moved) progress();
     if (op.done) break;
     const auto now = Clock::now();
@@ -441,8 +504,68 @@ void ShmP2P::State::wait(ShmP2POp& op) {
   rethrow();
 }
 
+void ShmP2P::State::corrupt(const std::string& message, int peer) {
+  if (pumping) {
+    if (deferred_fault.empty()) {
+      deferred_fault = message;
+      deferred_ranks = {peer};
+    }
+    throw DeferredFault{};
+  }
+  hooks.fail(message, {peer}, false);
+  throw RuntimeFault(message, {peer});  // fail() always throws; keeps [[noreturn]] honest
+}
+
+void ShmP2P::State::raise_deferred() {
+  if (!deferred_fault.empty()) hooks.fail(deferred_fault, deferred_ranks, false);
+}
+
+// The pump's loop: while transfers are pending and no caller waits, one pass
+// whenever a peer rings this rank's bell (or every liveness period, in case a
+// wake was missed); asleep on pump_cv otherwise. It never calls the hooks:
+// failing the communicator (a dead peer, a deadline, corrupt data) stays with
+// the caller's thread, which the pump only saves from coming back early.
+void ShmP2P::State::run_pump() {
+  RankArea& self = ranks[rank];
+  std::unique_lock<std::mutex> lock(mutex);
+  while (!pump_stop) {
+    if (pending == 0 || waiters > 0 || closed || !deferred_fault.empty()) {
+      pump_cv.wait(lock);
+      continue;
+    }
+    self.sleeping.fetch_add(1, std::memory_order_seq_cst);
+    const uint32_t bell = self.bell.load(std::memory_order_seq_cst);
+    bool moved = false;
+    pumping = true;
+    try {
+      moved = progress();
+    } catch (const DeferredFault&) {
+    }
+    pumping = false;
+    if (!moved && !pump_stop) {
+      lock.unlock();
+      futex_wait(&self.bell, bell, kLivenessPeriod);
+      lock.lock();
+    }
+    self.sleeping.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+void ShmP2P::State::stop_pump() {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    pump_stop = true;
+  }
+  pump_cv.notify_all();
+  ranks[rank].bell.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(&ranks[rank].bell);
+  if (pump.joinable()) pump.join();
+}
+
 void ShmP2P::State::close() {
+  std::lock_guard<std::mutex> lock(mutex);
   closed = true;
+  pending = 0;
   closed_reason = "the communicator was destroyed while the transfer was pending";
   for (Peer& p : peers) {
     for (auto* ops : {&p.sends, &p.recvs}) {
@@ -463,13 +586,18 @@ ShmP2P::ShmP2P(char* area, int rank, int size, std::chrono::milliseconds default
                std::chrono::microseconds spin, ShmP2PHooks hooks)
     : state_(std::make_shared<State>(area, rank, size, default_timeout, spin, std::move(hooks))) {}
 
-ShmP2P::~ShmP2P() { state_->close(); }
+ShmP2P::~ShmP2P() {
+  state_->stop_pump();
+  state_->close();
+}
 
 P2PHandle ShmP2P::post(P2PKind kind, const void* data, size_t count, DType dtype, int peer,
                        const P2POptions& options) {
   State& s = *state_;
   check_p2p_args(kind, s.rank, s.size, peer, data, count, dtype, options);
   const bool send = kind == P2PKind::kSend;
+  std::unique_lock<std::mutex> lock(s.mutex);
+  s.raise_deferred();
   s.hooks.check_usable(p2p_what(kind, peer, options.tag));
   const P2PFrame frame = make_frame(send ? P2PFrame::kRts : P2PFrame::kRtr, options.tag,
                                     s.sequences.next(kind, peer, options.tag), count, dtype);
@@ -478,6 +606,7 @@ P2PHandle ShmP2P::post(P2PKind kind, const void* data, size_t count, DType dtype
                                  options.timeout.count() > 0 ? options.timeout : s.default_timeout);
   State::Peer& p = s.peers[peer];
   (send ? p.sends : p.recvs)[op->key()] = op;
+  ++s.pending;
   (send ? p.unannounced_sends : p.unannounced_recvs).push_back(op);
   auto& early = send ? p.early_rtr : p.early_rts;
   auto it = early.find(op->key());
@@ -487,6 +616,13 @@ P2PHandle ShmP2P::post(P2PKind kind, const void* data, size_t count, DType dtype
     s.match(*op, theirs);
   }
   s.progress_peer(peer);
+  // Started with the first transfer: communicators used for collectives only
+  // never have the thread.
+  if (!s.pump.joinable()) s.pump = std::thread([&s] { s.run_pump(); });
+  if (!op->done && s.waiters == 0) {
+    lock.unlock();
+    s.pump_cv.notify_one();
+  }
   return P2PHandle(op);
 }
 

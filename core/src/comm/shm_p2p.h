@@ -2,7 +2,7 @@
 //
 // Shared memory holds, after the collectives' part of the segment:
 //   RankArea[n]     per rank: the futex word a rank waiting for a transfer
-//                   sleeps on, and whether it sleeps
+//                   sleeps on, and how many of its threads sleep on it
 //   Channel[n * n]  per ordered pair (s, d), s != d:
 //     rts    ring of P2PFrames s -> d: the sends s posted to d
 //     rtr    ring of P2PFrames d -> s: the receives d posted from s
@@ -17,10 +17,17 @@
 // shared memory. A send finishes once its last byte is in the ring.
 //
 // Progress is made by whichever point-to-point call of this rank runs
-// (post, test, wait): one pass announces queued frames, takes the peers'
-// frames, fills free cells and drains full ones, for every peer. A rank
-// waiting for a transfer spins, then sleeps on its own futex word; a peer
-// that publishes anything for it (a frame, a cell, or freed cells) wakes it.
+// (post, test, wait), and between calls by the pump, a thread of this rank
+// started with its first transfer: one pass announces queued frames, takes
+// the peers' frames, fills free cells and drains full ones, for every peer.
+// Without the pump a transfer would move only when its owner next calls in:
+// a pipeline stage that posts an isend and then computes would hold its peer
+// (waiting for the header, then for the payload) for the whole computation.
+// The pump sleeps while nothing is pending or the caller itself waits; it
+// never fails the communicator (corrupt input it finds is raised by the
+// caller's next call). A rank waiting for a transfer spins, then sleeps on
+// its own futex word; a peer that publishes anything for it (a frame, a
+// cell, or freed cells) wakes it (and the pump).
 // A sleeping waiter checks every 100 ms that the peer it waits for is alive
 // and has not destroyed its communicator; a dead or departed peer (after a
 // last pass has taken whatever it left in the rings) is a RuntimeFault naming
@@ -66,7 +73,8 @@ class ShmP2P {
   // by its creator.
   ShmP2P(char* area, int rank, int size, std::chrono::milliseconds default_timeout,
          std::chrono::microseconds spin, ShmP2PHooks hooks);
-  // Fails the transfers still pending (their handles then throw).
+  // Stops the pump and fails the transfers still pending (their handles then
+  // throw).
   ~ShmP2P();
   ShmP2P(const ShmP2P&) = delete;
   ShmP2P& operator=(const ShmP2P&) = delete;
