@@ -1,0 +1,369 @@
+// kolo::Trainer and its callbacks (kolo/torch/trainer.h).
+#include "kolo/torch/trainer.h"
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kolo/core/errors.h"
+#include "kolo/torch/broadcast.h"
+#include "kolo/torch/metrics.h"
+#include "kolo/torch/mixed_precision.h"
+#include "kolo/torch/parallel_optimizer.h"
+
+namespace kolo {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+torch::Tensor rows_of(const std::vector<size_t>& indices, size_t begin, size_t end) {
+  torch::Tensor t = torch::empty({static_cast<int64_t>(end - begin)}, torch::kLong);
+  auto* out = t.data_ptr<int64_t>();
+  for (size_t i = begin; i < end; ++i) out[i - begin] = static_cast<int64_t>(indices[i]);
+  return t;
+}
+
+// Correct predictions in a batch, or -1 when the outputs are not class scores
+// (B, C) against integer targets (B).
+int64_t correct_of(const torch::Tensor& outputs, const torch::Tensor& targets) {
+  if (outputs.dim() != 2 || targets.dim() != 1 ||
+      !c10::isIntegralType(targets.scalar_type(), false)) {
+    return -1;
+  }
+  return outputs.argmax(1).eq(targets).sum().item<int64_t>();
+}
+
+void check_dataset(const Dataset& data, const char* which) {
+  if (data.size <= 0 || !data.get) {
+    throw ContractError(std::string("kolo::Trainer: the ") + which + " set has size " +
+                        std::to_string(data.size) + (data.get ? "" : " and no get function") +
+                        "; give a Dataset with size > 0 and get(indices)");
+  }
+}
+
+}  // namespace
+
+Trainer::Trainer(torch::nn::Module& model, Forward forward, Loss loss, ParallelOptimizer& optimizer,
+                 TrainerOptions options)
+    : model_(model),
+      forward_(std::move(forward)),
+      loss_(std::move(loss)),
+      optimizer_(optimizer),
+      options_(std::move(options)) {
+  if (!forward_ || !loss_) {
+    throw ContractError("kolo::Trainer: give both a forward and a loss function");
+  }
+  if (options_.batch_size < 1 || options_.eval_batch_size < 1) {
+    throw ContractError("kolo::Trainer: options.batch_size and eval_batch_size must be >= 1");
+  }
+  if (options_.epochs < 0 || options_.initial_epoch < 0) {
+    throw ContractError("kolo::Trainer: options.epochs and initial_epoch must be >= 0");
+  }
+}
+
+int Trainer::rank() const { return optimizer_.rank(); }
+int Trainer::world_size() const { return optimizer_.world_size(); }
+
+void Trainer::add(std::shared_ptr<Callback> callback) {
+  if (!callback) throw ContractError("kolo::Trainer::add: the callback is null");
+  callbacks_.push_back(std::move(callback));
+}
+
+Logs Trainer::fit(const Dataset& train, const Dataset* validation) {
+  check_dataset(train, "training");
+  if (validation) check_dataset(*validation, "validation");
+  DistributedSamplerOptions sampling = options_.sampling;
+  sampling.rank = rank();
+  sampling.size = world_size();
+  DistributedSampler sampler(static_cast<size_t>(train.size), sampling);
+  const auto batch = static_cast<size_t>(options_.batch_size);
+  steps_per_epoch_ = static_cast<int64_t>((sampler.size() + batch - 1) / batch);
+  stop_training = false;
+  for (auto& c : callbacks_) c->on_train_begin(*this);
+  Logs logs;
+  for (epoch_ = options_.initial_epoch; epoch_ < options_.epochs && !stop_training; ++epoch_) {
+    sampler.set_epoch(epoch_);
+    model_.train();
+    for (auto& c : callbacks_) c->on_epoch_begin(*this, epoch_);
+    const std::vector<size_t>& indices = sampler.indices();
+    double loss_sum = 0;
+    int64_t correct = 0;
+    bool scored = true;
+    seen_ = 0;
+    for (int64_t step = 0; step < steps_per_epoch_; ++step) {
+      for (auto& c : callbacks_) c->on_batch_begin(*this, step);
+      const size_t begin = static_cast<size_t>(step) * batch;
+      const torch::Tensor rows = rows_of(indices, begin, std::min(indices.size(), begin + batch));
+      auto [inputs, targets] = train.get(rows);
+      optimizer_.zero_grad();
+      torch::Tensor outputs, loss;
+      {
+        AutocastGuard autocast(torch::kBFloat16, options_.autocast_bf16);
+        outputs = forward_(inputs);
+        loss = loss_(outputs, targets);
+      }
+      loss.backward();
+      optimizer_.step();
+      const int64_t b = rows.size(0);
+      loss_sum += loss.item<double>() * static_cast<double>(b);
+      seen_ += b;
+      const int64_t c = scored ? correct_of(outputs, targets) : -1;
+      if (c < 0) scored = false;
+      correct += std::max<int64_t>(c, 0);
+      Logs batch_logs{{"loss", loss_sum / static_cast<double>(seen_)}};
+      if (scored)
+        batch_logs["accuracy"] = static_cast<double>(correct) / static_cast<double>(seen_);
+      for (auto& cb : callbacks_) cb->on_batch_end(*this, step, batch_logs);
+    }
+    const double seen = static_cast<double>(std::max<int64_t>(seen_, 1));
+    logs = {{"loss", loss_sum / seen}};
+    if (scored) logs["accuracy"] = static_cast<double>(correct) / seen;
+    if (validation) {
+      for (const auto& [name, value] : evaluate(*validation)) logs["val_" + name] = value;
+      model_.train();
+    }
+    for (auto& c : callbacks_) c->on_epoch_end(*this, epoch_, logs);
+  }
+  for (auto& c : callbacks_) c->on_train_end(*this, logs);
+  return logs;
+}
+
+Logs Trainer::evaluate(const Dataset& data) {
+  check_dataset(data, "evaluation");
+  DistributedSamplerOptions shard;
+  shard.shuffle = false;
+  shard.rank = rank();
+  shard.size = world_size();
+  DistributedSampler sampler(static_cast<size_t>(data.size), shard);
+  model_.eval();
+  torch::NoGradGuard no_grad;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  bool scored = true;
+  const auto batch = static_cast<size_t>(options_.eval_batch_size);
+  const std::vector<size_t>& indices = sampler.indices();
+  for (size_t begin = 0; begin < indices.size(); begin += batch) {
+    const torch::Tensor rows = rows_of(indices, begin, std::min(indices.size(), begin + batch));
+    auto [inputs, targets] = data.get(rows);
+    torch::Tensor outputs, loss;
+    {
+      AutocastGuard autocast(torch::kBFloat16, options_.autocast_bf16);
+      outputs = forward_(inputs);
+      loss = loss_(outputs, targets);
+    }
+    loss_sum += loss.item<double>() * static_cast<double>(rows.size(0));
+    const int64_t c = scored ? correct_of(outputs, targets) : -1;
+    if (c < 0) scored = false;
+    correct += std::max<int64_t>(c, 0);
+  }
+  // Sums over the ranks (means times the world: every rank has as many samples).
+  const double count = static_cast<double>(indices.size());
+  Logs out{{"loss", metric_average(loss_sum / count, "trainer/eval_loss", options_)}};
+  if (scored) {
+    out["accuracy"] =
+        metric_average(static_cast<double>(correct) / count, "trainer/eval_accuracy", options_);
+  }
+  return out;
+}
+
+// --- Callbacks ---------------------------------------------------------------
+
+void BroadcastGlobalVariables::on_train_begin(Trainer& trainer) {
+  const int stage = trainer.optimizer().zero_stage();
+  if (stage == 3) {
+    throw ContractError(
+        "kolo::BroadcastGlobalVariables: at zero_stage 3 the parameters are sharded; call "
+        "kolo::broadcast_parameters(model, root) before building the optimizer instead");
+  }
+  broadcast_parameters(trainer.model(), root_, trainer.options());
+  if (stage == 0)
+    broadcast_optimizer_state(trainer.optimizer().optimizer(), root_, trainer.options());
+}
+
+void MetricAverage::on_epoch_end(Trainer& trainer, int64_t, Logs& logs) {
+  for (auto& [name, value] : logs)
+    value = metric_average(value, "trainer/" + name, trainer.options());
+}
+
+void LearningRateWarmup::on_train_begin(Trainer& trainer) {
+  LrScheduleOptions o = options_;
+  o.steps_per_epoch = std::max<int64_t>(1, trainer.steps_per_epoch());
+  schedule_ = std::make_unique<LrSchedule>(o);
+}
+
+void LearningRateWarmup::on_batch_begin(Trainer& trainer, int64_t step) {
+  lr_ = schedule_->lr(trainer.epoch(), step);
+  apply_lr(trainer.optimizer().optimizer(), lr_);
+}
+
+void LearningRateWarmup::on_epoch_end(Trainer&, int64_t, Logs& logs) { logs["lr"] = lr_; }
+
+void LearningRateSchedule::on_epoch_begin(Trainer& trainer, int64_t epoch) {
+  torch::optim::Optimizer& optimizer = trainer.optimizer().optimizer();
+  apply_lr(optimizer, schedule_(epoch, current_lr(optimizer)));
+}
+
+void LearningRateSchedule::on_epoch_end(Trainer& trainer, int64_t, Logs& logs) {
+  logs["lr"] = current_lr(trainer.optimizer().optimizer());
+}
+
+void Throughput::on_epoch_begin(Trainer&, int64_t) { start_ = now_s(); }
+
+void Throughput::on_epoch_end(Trainer& trainer, int64_t, Logs& logs) {
+  const double seconds = now_s() - start_;
+  const int workers = trainer.world_size();
+  const double images = metric_average(static_cast<double>(trainer.samples_seen()),
+                                       "trainer/images", trainer.options()) *
+                        workers;
+  logs["epoch_time"] = seconds;
+  logs["images_per_sec"] = images / seconds;
+  if (print_ && trainer.rank() == 0) {
+    std::printf("Epoch time: %.1f s\n", seconds);
+    std::printf("Images/sec: %.1f (%d worker(s), %.1f per worker)\n", images / seconds, workers,
+                images / seconds / workers);
+    std::fflush(stdout);
+  }
+}
+
+void ModelCheckpoint::on_train_begin(Trainer& trainer) {
+  if (!resume_ || !std::filesystem::exists(std::filesystem::path(dir_) / "index.kolo")) return;
+  const CheckpointState state = load_checkpoint(dir_, trainer.optimizer());
+  trainer.set_initial_epoch(state.epoch);
+}
+
+void ModelCheckpoint::on_epoch_end(Trainer& trainer, int64_t epoch, Logs&) {
+  CheckpointState state;
+  state.epoch = epoch + 1;  // epochs completed
+  state.seed = trainer.options().sampling.seed;
+  state.sampler = {epoch + 1, 0};
+  save_checkpoint(dir_, trainer.optimizer(), state);
+}
+
+EarlyStopping::EarlyStopping(std::string monitor, int patience, double min_delta, std::string mode)
+    : monitor_(std::move(monitor)),
+      mode_(std::move(mode)),
+      patience_(patience),
+      min_delta_(min_delta) {
+  if (mode_ != "min" && mode_ != "max") {
+    throw ContractError("kolo::EarlyStopping: mode \"" + mode_ + "\"; use \"min\" or \"max\"");
+  }
+  if (patience_ < 0) throw ContractError("kolo::EarlyStopping: patience must be >= 0");
+}
+
+void EarlyStopping::on_train_begin(Trainer&) {
+  have_best_ = false;
+  wait_ = 0;
+  stopped_epoch_ = -1;
+}
+
+void EarlyStopping::on_epoch_end(Trainer& trainer, int64_t epoch, Logs& logs) {
+  const auto it = logs.find(monitor_);
+  if (it == logs.end()) {
+    throw ContractError("kolo::EarlyStopping: the logs have no \"" + monitor_ +
+                        "\" (add a validation set for val_* metrics)");
+  }
+  const double value = metric_average(it->second, "trainer/early_stopping", trainer.options());
+  const double gain = mode_ == "min" ? best_ - value : value - best_;
+  if (!have_best_ || gain > min_delta_) {
+    best_ = value;
+    have_best_ = true;
+    wait_ = 0;
+    return;
+  }
+  if (++wait_ > patience_) {
+    trainer.stop_training = true;
+    stopped_epoch_ = epoch;
+  }
+}
+
+namespace {
+
+void print_bar(int64_t step, int64_t steps, double elapsed_s, const Logs& logs, bool done) {
+  constexpr int kWidth = 30;
+  const int filled = static_cast<int>(kWidth * step / std::max<int64_t>(steps, 1));
+  std::string bar(static_cast<size_t>(filled), '=');
+  if (filled < kWidth) bar += '>' + std::string(static_cast<size_t>(kWidth - filled - 1), '.');
+  const double per_step_ms = 1000.0 * elapsed_s / static_cast<double>(std::max<int64_t>(step, 1));
+  const int width = static_cast<int>(std::to_string(steps).size());
+  std::printf("%*lld/%lld [%s] - ", width, static_cast<long long>(step),
+              static_cast<long long>(steps), bar.c_str());
+  if (done) {
+    std::printf("%.0fs %.0fms/step", elapsed_s, per_step_ms);
+  } else {
+    std::printf("ETA: %.0fs - %.0fms/step",
+                per_step_ms * static_cast<double>(steps - step) / 1000.0, per_step_ms);
+  }
+  for (const char* name : {"loss", "accuracy"}) {
+    const auto it = logs.find(name);
+    if (it != logs.end()) std::printf(" - %s: %.4f", name, it->second);
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+void ProgressBar::on_epoch_begin(Trainer& trainer, int64_t epoch) {
+  start_ = now_s();
+  if (trainer.rank() != 0) return;
+  std::printf("Epoch %lld/%lld\n", static_cast<long long>(epoch + 1),
+              static_cast<long long>(trainer.options().epochs));
+  std::fflush(stdout);
+}
+
+void ProgressBar::on_batch_end(Trainer& trainer, int64_t step, Logs& logs) {
+  const int64_t steps = trainer.steps_per_epoch();
+  const int64_t every = std::max<int64_t>(1, steps / std::max(1, lines_));
+  if (trainer.rank() != 0 || (step + 1) % every != 0 || step + 1 >= steps) return;
+  print_bar(step + 1, steps, now_s() - start_, logs, false);
+}
+
+void ProgressBar::on_epoch_end(Trainer& trainer, int64_t, Logs& logs) {
+  if (trainer.rank() != 0) return;
+  print_bar(trainer.steps_per_epoch(), trainer.steps_per_epoch(), now_s() - start_, logs, true);
+}
+
+void CsvLogger::on_epoch_end(Trainer& trainer, int64_t epoch, Logs& logs) {
+  if (trainer.rank() != 0) return;
+  if (columns_.empty()) {
+    for (const auto& [name, value] : logs) columns_.push_back(name);
+  }
+  std::string row = std::to_string(epoch);
+  for (const std::string& name : columns_) {
+    const auto it = logs.find(name);
+    char text[64] = "";
+    if (it != logs.end()) std::snprintf(text, sizeof(text), "%.17g", it->second);
+    row += std::string(",") + text;
+  }
+  rows_.push_back(row);
+  std::string header = "epoch";
+  for (const std::string& name : columns_) header += "," + name;
+  const std::string tmp = path_ + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << header << "\n";
+    for (const std::string& r : rows_) out << r << "\n";
+    if (!out) throw ContractError("kolo::CsvLogger: cannot write '" + tmp + "'");
+  }
+  std::error_code error;
+  std::filesystem::rename(tmp, path_, error);
+  if (error) {
+    throw ContractError("kolo::CsvLogger: cannot rename '" + tmp + "' to '" + path_ +
+                        "': " + error.message());
+  }
+}
+
+}  // namespace kolo
