@@ -85,12 +85,32 @@ void Trainer::add(std::shared_ptr<Callback> callback) {
 Logs Trainer::fit(const Dataset& train, const Dataset* validation) {
   check_dataset(train, "training");
   if (validation) check_dataset(*validation, "validation");
-  DistributedSamplerOptions sampling = options_.sampling;
-  sampling.rank = rank();
-  sampling.size = world_size();
-  DistributedSampler sampler(static_cast<size_t>(train.size), sampling);
   const auto batch = static_cast<size_t>(options_.batch_size);
-  steps_per_epoch_ = static_cast<int64_t>((sampler.size() + batch - 1) / batch);
+  const auto global_batch = batch * static_cast<size_t>(world_size());
+  DistributedSamplerOptions sampling = options_.sampling;
+  // --balance: one order of the whole set, the same on every rank (a
+  // sampler of one rank); the balancer says which part of each global batch
+  // is this rank's.
+  sampling.rank = options_.balance ? 0 : rank();
+  sampling.world_size = options_.balance ? 1 : world_size();
+  DistributedSampler sampler(static_cast<size_t>(train.size), sampling);
+  steps_per_epoch_ = static_cast<int64_t>(options_.balance ? sampler.size() / global_batch
+                                                           : (sampler.size() + batch - 1) / batch);
+  if (options_.balance) {
+    if (steps_per_epoch_ == 0) {
+      throw ContractError("kolo::Trainer: options.balance needs at least one global batch of " +
+                          std::to_string(global_batch) + " samples per epoch, the set has " +
+                          std::to_string(sampler.size()) +
+                          "; give more samples or a smaller batch_size");
+    }
+    BatchBalancerOptions balance;
+    static_cast<CallOptions&>(balance) = options_;
+    balance.global_batch = static_cast<int64_t>(global_batch);
+    balance.name = "trainer/balancer";
+    balancer_ = std::make_unique<BatchBalancer>(balance);
+  } else {
+    balancer_.reset();
+  }
   stop_training = false;
   for (auto& c : callbacks_) c->on_train_begin(*this);
   Logs logs;
@@ -103,10 +123,15 @@ Logs Trainer::fit(const Dataset& train, const Dataset* validation) {
     int64_t correct = 0;
     bool scored = true;
     seen_ = 0;
+    const double epoch_start = now_s();
     for (int64_t step = 0; step < steps_per_epoch_; ++step) {
       for (auto& c : callbacks_) c->on_batch_begin(*this, step);
-      const size_t begin = static_cast<size_t>(step) * batch;
-      const torch::Tensor rows = rows_of(indices, begin, std::min(indices.size(), begin + batch));
+      const double step_start = now_s();
+      const size_t begin = balancer_ ? static_cast<size_t>(step) * global_batch +
+                                           static_cast<size_t>(balancer_->offset())
+                                     : static_cast<size_t>(step) * batch;
+      const size_t count = balancer_ ? static_cast<size_t>(balancer_->batch()) : batch;
+      const torch::Tensor rows = rows_of(indices, begin, std::min(indices.size(), begin + count));
       auto [inputs, targets] = train.get(rows);
       optimizer_.zero_grad();
       torch::Tensor outputs, loss;
@@ -115,8 +140,15 @@ Logs Trainer::fit(const Dataset& train, const Dataset* validation) {
         outputs = forward_(inputs);
         loss = loss_(outputs, targets);
       }
-      loss.backward();
-      optimizer_.step();
+      if (balancer_) {
+        // The mean over the global batch: this rank's share of it weighs its
+        // mean loss; the balancer times this rank's compute, not the wait in step().
+        (loss * balancer_->gradient_weight()).backward();
+        balancer_->record(now_s() - step_start);
+      } else {
+        loss.backward();  // the buckets' exchange starts as their gradients are ready
+      }
+      optimizer_.step();  // waits for the exchanged gradients, then steps
       const int64_t b = rows.size(0);
       loss_sum += loss.item<double>() * static_cast<double>(b);
       seen_ += b;
@@ -128,6 +160,7 @@ Logs Trainer::fit(const Dataset& train, const Dataset* validation) {
         batch_logs["accuracy"] = static_cast<double>(correct) / static_cast<double>(seen_);
       for (auto& cb : callbacks_) cb->on_batch_end(*this, step, batch_logs);
     }
+    epoch_seconds_ = now_s() - epoch_start;
     const double seen = static_cast<double>(std::max<int64_t>(seen_, 1));
     logs = {{"loss", loss_sum / seen}};
     if (scored) logs["accuracy"] = static_cast<double>(correct) / seen;
@@ -146,7 +179,7 @@ Logs Trainer::evaluate(const Dataset& data) {
   DistributedSamplerOptions shard;
   shard.shuffle = false;
   shard.rank = rank();
-  shard.size = world_size();
+  shard.world_size = world_size();
   DistributedSampler sampler(static_cast<size_t>(data.size), shard);
   model_.eval();
   torch::NoGradGuard no_grad;
@@ -220,15 +253,14 @@ void LearningRateSchedule::on_epoch_end(Trainer& trainer, int64_t, Logs& logs) {
   logs["lr"] = current_lr(trainer.optimizer().optimizer());
 }
 
-void Throughput::on_epoch_begin(Trainer&, int64_t) { start_ = now_s(); }
-
 void Throughput::on_epoch_end(Trainer& trainer, int64_t, Logs& logs) {
-  const double seconds = now_s() - start_;
+  const double seconds = std::max(trainer.epoch_seconds(), 1e-9);
   const int workers = trainer.world_size();
   const double images = metric_average(static_cast<double>(trainer.samples_seen()),
                                        "trainer/images", trainer.options()) *
                         workers;
   logs["epoch_time"] = seconds;
+  logs["images"] = images;
   logs["images_per_sec"] = images / seconds;
   if (print_ && trainer.rank() == 0) {
     std::printf("Epoch time: %.1f s\n", seconds);
@@ -239,9 +271,24 @@ void Throughput::on_epoch_end(Trainer& trainer, int64_t, Logs& logs) {
 }
 
 void ModelCheckpoint::on_train_begin(Trainer& trainer) {
-  if (!resume_ || !std::filesystem::exists(std::filesystem::path(dir_) / "index.kolo")) return;
-  const CheckpointState state = load_checkpoint(dir_, trainer.optimizer());
+  using Resume = ModelCheckpointOptions::Resume;
+  if (options_.resume == Resume::kNo) return;
+  if (options_.resume == Resume::kIfPresent) {
+    // Every rank must take the same branch: rank 0's view of the directory decides.
+    const bool present =
+        std::filesystem::exists(std::filesystem::path(options_.dir) / "index.kolo");
+    const double any = metric_average(trainer.rank() == 0 && present ? 1.0 : 0.0,
+                                      "trainer/checkpoint_present", trainer.options()) *
+                       trainer.world_size();
+    if (any < 0.5) return;
+  }
+  const CheckpointState state = load_checkpoint(options_.dir, trainer.optimizer());
   trainer.set_initial_epoch(state.epoch);
+  if (options_.verbose && trainer.rank() == 0) {
+    std::printf("Resumed from %s after epoch %lld\n", options_.dir.c_str(),
+                static_cast<long long>(state.epoch));
+    std::fflush(stdout);
+  }
 }
 
 void ModelCheckpoint::on_epoch_end(Trainer& trainer, int64_t epoch, Logs&) {
@@ -249,7 +296,11 @@ void ModelCheckpoint::on_epoch_end(Trainer& trainer, int64_t epoch, Logs&) {
   state.epoch = epoch + 1;  // epochs completed
   state.seed = trainer.options().sampling.seed;
   state.sampler = {epoch + 1, 0};
-  save_checkpoint(dir_, trainer.optimizer(), state);
+  save_checkpoint(options_.dir, trainer.optimizer(), state);
+  if (options_.verbose && trainer.rank() == 0) {
+    std::printf("Saved %s\n", options_.dir.c_str());
+    std::fflush(stdout);
+  }
 }
 
 EarlyStopping::EarlyStopping(std::string monitor, int patience, double min_delta, std::string mode)
@@ -289,9 +340,8 @@ void EarlyStopping::on_epoch_end(Trainer& trainer, int64_t epoch, Logs& logs) {
   }
 }
 
-namespace {
-
-void print_bar(int64_t step, int64_t steps, double elapsed_s, const Logs& logs, bool done) {
+void ProgressBar::print(int64_t step, int64_t steps, double elapsed_s, const Logs& logs,
+                        bool done) {
   constexpr int kWidth = 30;
   const int filled = static_cast<int>(kWidth * step / std::max<int64_t>(steps, 1));
   std::string bar(static_cast<size_t>(filled), '=');
@@ -314,8 +364,6 @@ void print_bar(int64_t step, int64_t steps, double elapsed_s, const Logs& logs, 
   std::fflush(stdout);
 }
 
-}  // namespace
-
 void ProgressBar::on_epoch_begin(Trainer& trainer, int64_t epoch) {
   start_ = now_s();
   if (trainer.rank() != 0) return;
@@ -328,12 +376,12 @@ void ProgressBar::on_batch_end(Trainer& trainer, int64_t step, Logs& logs) {
   const int64_t steps = trainer.steps_per_epoch();
   const int64_t every = std::max<int64_t>(1, steps / std::max(1, lines_));
   if (trainer.rank() != 0 || (step + 1) % every != 0 || step + 1 >= steps) return;
-  print_bar(step + 1, steps, now_s() - start_, logs, false);
+  print(step + 1, steps, now_s() - start_, logs, false);
 }
 
 void ProgressBar::on_epoch_end(Trainer& trainer, int64_t, Logs& logs) {
   if (trainer.rank() != 0) return;
-  print_bar(trainer.steps_per_epoch(), trainer.steps_per_epoch(), now_s() - start_, logs, true);
+  print(trainer.steps_per_epoch(), trainer.steps_per_epoch(), trainer.epoch_seconds(), logs, true);
 }
 
 void CsvLogger::on_epoch_end(Trainer& trainer, int64_t epoch, Logs& logs) {

@@ -17,9 +17,10 @@
 // they run in the order they were added, on every rank (a callback that
 // prints checks trainer.rank() itself).
 //
-// STATUS: work in progress on branch `precision`, not on main. trainer.cc
-// compiles (checked alone with the library's flags); tests/torch/trainer_test.cc
-// has not been built or run; examples/fashion_mnist is not rewritten on it.
+// A step of fit() is the hand-written Horovod loop, nothing more:
+//   optimizer.zero_grad(); loss(forward(inputs), targets).backward(); optimizer.step();
+// so a Trainer run equals that loop with the same sampler and rates
+// (tests/torch/trainer_test.cc checks it to the last bit of float32).
 #pragma once
 
 #include <torch/types.h>
@@ -31,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "kolo/core/batch_balancer.h"
 #include "kolo/torch/checkpoint.h"
 #include "kolo/torch/lr.h"
 #include "kolo/torch/sampler.h"
@@ -67,17 +69,26 @@ class Callback {
   virtual void on_train_end(Trainer& trainer, Logs& logs) {}
 };
 
-// CallOptions: the optimizer's engine, process set and timeout (for the
-// metric averages and evaluation).
+// CallOptions: the engine, process set and timeout of the trainer's own
+// collectives (metric averages, evaluation, the balancer, callbacks'); give
+// the optimizer's (0 = no limit of its own, as everywhere in kolo).
 struct TrainerOptions : CallOptions {
   int64_t epochs = 1;
   int64_t initial_epoch = 0;      // epochs already done (a resumed run)
-  int64_t batch_size = 32;        // per rank
+  int64_t batch_size = 32;        // per rank; the global batch is batch_size x ranks
   int64_t eval_batch_size = 100;  // per rank
-  // shuffle, seed, drop_last of the training sampler (rank and size: the
-  // optimizer's process set). Evaluation takes every sample once, in order.
+  // shuffle, seed, drop_last of the training sampler; its rank and
+  // world_size are ignored: the optimizer's rank and world size. Evaluation
+  // takes every sample once, in order.
   DistributedSamplerOptions sampling;
   bool autocast_bf16 = false;  // the forward pass under AutocastGuard(kBFloat16)
+  // Split each step's global batch by the ranks' measured compute speed
+  // (kolo::BatchBalancer over these CallOptions) instead of evenly: step k's
+  // global batch is positions [k G, (k + 1) G) of the epoch's one shuffled
+  // order of the whole set (the last partial global batch is left out), this
+  // rank takes balancer().batch() of them at balancer().offset(), and scales
+  // its mean loss by balancer().gradient_weight() before backward().
+  bool balance = false;
 };
 
 class Trainer {
@@ -107,6 +118,11 @@ class Trainer {
   int64_t epoch() const { return epoch_; }                      // 0-based, during fit
   int64_t steps_per_epoch() const { return steps_per_epoch_; }  // of this fit
   int64_t samples_seen() const { return seen_; }                // this rank, this epoch
+  // Seconds the epoch's training steps took (not its evaluation), set before
+  // on_epoch_end.
+  double epoch_seconds() const { return epoch_seconds_; }
+  // With options.balance, during fit(); else nullptr.
+  const BatchBalancer* balancer() const { return balancer_.get(); }
   int rank() const;
   int world_size() const;
   // Where fit() starts: set by a callback's on_train_begin (ModelCheckpoint's resume).
@@ -123,6 +139,8 @@ class Trainer {
   int64_t epoch_ = 0;
   int64_t steps_per_epoch_ = 0;
   int64_t seen_ = 0;
+  double epoch_seconds_ = 0;
+  std::unique_ptr<BatchBalancer> balancer_;
 };
 
 // --- Callbacks (Keras' and Horovod's names) ------------------------------
@@ -178,41 +196,50 @@ class LearningRateSchedule : public Callback {
   std::function<double(int64_t, double)> schedule_;
 };
 
-// The seed's throughput lines: logs["epoch_time"] (s) and
-// logs["images_per_sec"] (every rank's samples / epoch time), and on rank 0
+// The seed's throughput lines: logs["epoch_time"] (s, the epoch's training
+// steps: Trainer::epoch_seconds()), logs["images"] (every rank's training
+// samples of the epoch) and logs["images_per_sec"] (images / epoch_time);
+// with `print`, rank 0 prints
 //   Epoch time: 27.1 s
 //   Images/sec: 2250.3 (2 worker(s), 1125.2 per worker)
+// Collective (one metric_average).
 class Throughput : public Callback {
  public:
   explicit Throughput(bool print = true) : print_(print) {}
-  void on_epoch_begin(Trainer& trainer, int64_t epoch) override;
   void on_epoch_end(Trainer& trainer, int64_t epoch, Logs& logs) override;
 
  private:
   bool print_;
-  double start_ = 0;
 };
 
-// keras.callbacks.ModelCheckpoint for ParallelOptimizer: after every epoch,
-// save_checkpoint(dir, optimizer, {epoch + 1}) (collective; rank 0 writes the
-// index last, so the directory is complete or the previous one). With
-// `resume`, on_train_begin loads `dir` when it holds a checkpoint and fit()
-// continues after its epoch.
+// keras.callbacks.ModelCheckpoint (and BackupAndRestore) for a
+// ParallelOptimizer: after every epoch, save_checkpoint(dir, optimizer,
+// {epoch + 1, seed, sampler position}): collective; at zero_stage 0 rank 0
+// writes, at stages 1-3 every rank its shard, and the index is written last
+// after every shard, so the directory holds the new checkpoint or the
+// previous one, never a mix (docs/zero.md, "Sharded checkpoints").
+struct ModelCheckpointOptions {
+  std::string dir;
+  // On train begin, load the checkpoint in `dir` (any stage and world size
+  // wrote it) and continue after its epoch: kRequired fails (ContractError
+  // naming the file) when there is none, kIfPresent then starts afresh.
+  enum class Resume { kNo, kIfPresent, kRequired } resume = Resume::kNo;
+  bool verbose = false;  // rank 0 prints "Resumed from <dir> after epoch N" and "Saved <dir>"
+};
 class ModelCheckpoint : public Callback {
  public:
-  explicit ModelCheckpoint(std::string dir, bool resume = false)
-      : dir_(std::move(dir)), resume_(resume) {}
+  explicit ModelCheckpoint(ModelCheckpointOptions options) : options_(std::move(options)) {}
   void on_train_begin(Trainer& trainer) override;
   void on_epoch_end(Trainer& trainer, int64_t epoch, Logs& logs) override;
 
  private:
-  std::string dir_;
-  bool resume_;
+  ModelCheckpointOptions options_;
 };
 
-// keras.callbacks.EarlyStopping: stops when `monitor` (averaged over the
-// ranks, so every rank decides alike) has not improved by min_delta for
-// `patience` epochs. mode "min" (losses) or "max" (accuracies).
+// keras.callbacks.EarlyStopping: stops when `monitor` has not improved by
+// more than min_delta for more than `patience` epochs. mode "min" (losses) or
+// "max" (accuracies). The value is averaged over the ranks first (collective),
+// so every rank takes the same decision even when their logs differ.
 class EarlyStopping : public Callback {
  public:
   explicit EarlyStopping(std::string monitor = "val_loss", int patience = 0, double min_delta = 0,
@@ -231,15 +258,22 @@ class EarlyStopping : public Callback {
   int64_t stopped_epoch_ = -1;
 };
 
-// Keras' progress bar on rank 0: "Epoch 2/5", then `lines` lines per epoch
-//   235/469 [==============>...............] - ETA: 12s - 52ms/step - loss: 0.4 - accuracy: 0.8
-// and the epoch's last line with its total time.
+// Keras' progress bar on rank 0: "Epoch 2/5", then every steps / `lines`
+// steps a line with this rank's running means
+//   235/469 [==============>...............] - ETA: 12s - 52ms/step - loss: 0.4000 - accuracy:
+//   0.8000
+// and at the epoch's end the last line with the training time and the
+// epoch's logs (averaged over the ranks when MetricAverage was added before)
+//   469/469 [==============================] - 24s 52ms/step - loss: 0.3900 - accuracy: 0.8100
 class ProgressBar : public Callback {
  public:
   explicit ProgressBar(int lines = 10) : lines_(lines) {}
   void on_epoch_begin(Trainer& trainer, int64_t epoch) override;
   void on_batch_end(Trainer& trainer, int64_t step, Logs& logs) override;
   void on_epoch_end(Trainer& trainer, int64_t epoch, Logs& logs) override;
+  // One line as above (`done`: the epoch's last), for loops without a
+  // Trainer (the elastic example) that print the same bar.
+  static void print(int64_t step, int64_t steps, double elapsed_s, const Logs& logs, bool done);
 
  private:
   int lines_;
