@@ -75,6 +75,16 @@ Trainer::Trainer(torch::nn::Module& model, Forward forward, Loss loss, ParallelO
 }
 
 int Trainer::rank() const { return optimizer_.rank(); }
+
+int64_t Trainer::steps_for(int64_t samples) const {
+  const int64_t world = world_size();
+  const int64_t batch = options_.batch_size;
+  if (options_.balance) return samples / (batch * world);
+  // The sampler's shard: ceil(samples / world), or floor with drop_last.
+  const int64_t shard =
+      options_.sampling.drop_last ? samples / world : (samples + world - 1) / world;
+  return (shard + batch - 1) / batch;
+}
 int Trainer::world_size() const { return optimizer_.world_size(); }
 
 void Trainer::add(std::shared_ptr<Callback> callback) {
@@ -94,8 +104,7 @@ Logs Trainer::fit(const Dataset& train, const Dataset* validation) {
   sampling.rank = options_.balance ? 0 : rank();
   sampling.world_size = options_.balance ? 1 : world_size();
   DistributedSampler sampler(static_cast<size_t>(train.size), sampling);
-  steps_per_epoch_ = static_cast<int64_t>(options_.balance ? sampler.size() / global_batch
-                                                           : (sampler.size() + batch - 1) / batch);
+  steps_per_epoch_ = steps_for(train.size);
   if (options_.balance) {
     if (steps_per_epoch_ == 0) {
       throw ContractError("kolo::Trainer: options.balance needs at least one global batch of " +

@@ -117,7 +117,11 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
   int64_t epoch() const { return epoch_; }                      // 0-based, during fit
   int64_t steps_per_epoch() const { return steps_per_epoch_; }  // of this fit
-  int64_t samples_seen() const { return seen_; }                // this rank, this epoch
+  // The steps fit() takes per epoch over a set of `samples` (for a rate
+  // schedule built before fit): ceil(this rank's shard / batch_size), or with
+  // options.balance floor(samples / global batch).
+  int64_t steps_for(int64_t samples) const;
+  int64_t samples_seen() const { return seen_; }  // this rank, this epoch
   // Seconds the epoch's training steps took (not its evaluation), set before
   // on_epoch_end.
   double epoch_seconds() const { return epoch_seconds_; }
