@@ -7,6 +7,8 @@
 //  - BroadcastGlobalVariables(root 1), MetricAverage, LearningRateSchedule,
 //    Throughput and ProgressBar (their lines, rank 0 only), EarlyStopping
 //    (the same decision on every rank from different logs);
+//  - a LossScaler: an inf on one rank skips that step on every rank, the
+//    others train as without it, and ModelCheckpoint keeps the scale;
 //  - ModelCheckpoint: a run stopped early and resumed (at another ZeRO
 //    stage) ends where an uninterrupted run ends; kRequired without a
 //    checkpoint names the file, kIfPresent starts afresh.
@@ -15,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -181,7 +184,7 @@ struct TrainerRun {
   std::unique_ptr<ParallelOptimizer> optimizer;
   std::unique_ptr<Trainer> trainer;
   TrainerRun(const zt::ZeroNet& initial, Engine& engine, TrainerOptions options, int stage = 0,
-             double lr = 0.05)
+             double lr = 0.05, Trainer::Loss loss = cross_entropy)
       : model(zt::copy_of(initial)),
         sgd(std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(lr))),
         optimizer(make_parallel_optimizer(*sgd, *model, factory_options(stage, engine))) {
@@ -189,7 +192,7 @@ struct TrainerRun {
     options.timeout = testing::kTorchTimeout;
     auto* net = model.get();
     trainer = std::make_unique<Trainer>(
-        *model, [net](const torch::Tensor& x) { return net->forward(x); }, cross_entropy,
+        *model, [net](const torch::Tensor& x) { return net->forward(x); }, std::move(loss),
         *optimizer, options);
   }
 };
@@ -417,6 +420,84 @@ TEST(Trainer, ModelCheckpointResumesWhereTheRunStopped) {
   for (int r = 0; r < kWorld; ++r) {
     ot::expect_params_close(*resumed[r], *whole[0], 1e-5, 1e-6, "rank " + std::to_string(r));
     EXPECT_NE(missing[r].find(dir.file("none")), std::string::npos) << missing[r];
+  }
+}
+
+TEST(Trainer, LossScalingSkipsAnOverflowOnEveryRankAndCheckpointsTheScale) {
+  torch::set_num_threads(1);
+  torch::manual_seed(46);
+  const Data data;
+  zt::ZeroNet initial;
+  testing::TempDir dir("kolo-trainer-scaler");
+  constexpr int64_t kPoisoned = 3;  // rank 1's loss at this step (of epoch 0) is inf
+  std::vector<std::shared_ptr<zt::ZeroNet>> scaled(kWorld), by_hand(kWorld);
+  std::vector<LossScaler> scalers(kWorld);
+  std::vector<double> restored(kWorld);
+  run_with_engines(kWorld, [&](int rank, Engine& engine) {
+    LossScalerOptions scaling;
+    scaling.engine = &engine;
+    scaling.init_scale = 1024;
+    scalers[rank] = LossScaler(scaling);
+    {
+      TrainerOptions options;
+      options.batch_size = kBatch;
+      options.loss_scaler = &scalers[rank];
+      int64_t step = 0;
+      TrainerRun run(initial, engine, options, 0, 0.05,
+                     [&](const torch::Tensor& out, const torch::Tensor& y) {
+                       const bool poison = rank == 1 && step++ == kPoisoned;
+                       return cross_entropy(out, y) * (poison ? INFINITY : 1.0f);
+                     });
+      run.trainer->add(std::make_shared<ModelCheckpoint>(ModelCheckpointOptions{dir.file("ckpt")}));
+      run.trainer->fit(data.set());
+      scaled[rank] = run.model;
+    }
+    {
+      // By hand: the same steps without the poisoned one, unscaled.
+      TrainerRun run(initial, engine, {});
+      DistributedSamplerOptions sampling;
+      sampling.rank = rank;
+      sampling.world_size = kWorld;
+      DistributedSampler sampler(kSamples, sampling);
+      sampler.set_epoch(0);
+      for (int64_t step = 0; step < kSamples / kWorld / kBatch; ++step) {
+        if (step == kPoisoned) continue;
+        std::vector<int64_t> rows(sampler.indices().begin() + step * kBatch,
+                                  sampler.indices().begin() + (step + 1) * kBatch);
+        const torch::Tensor index = torch::tensor(rows, torch::kLong);
+        run.optimizer->zero_grad();
+        cross_entropy(run.model->forward(data.x.index_select(0, index)),
+                      data.y.index_select(0, index))
+            .backward();
+        run.optimizer->step();
+      }
+      by_hand[rank] = run.model;
+    }
+    {
+      // A resumed run's scaler takes the saved scale.
+      LossScaler fresh(scaling);
+      TrainerOptions options;
+      options.batch_size = kBatch;
+      options.epochs = 2;
+      options.loss_scaler = &fresh;
+      TrainerRun run(initial, engine, options);
+      run.trainer->add(std::make_shared<ModelCheckpoint>(
+          ModelCheckpointOptions{dir.file("ckpt"), ModelCheckpointOptions::Resume::kRequired}));
+      auto restore_probe = std::make_shared<Probe>();
+      run.trainer->add(restore_probe);
+      run.trainer->fit(data.set());
+      // Epoch 1 only.
+      ASSERT_EQ(restore_probe->lrs.size(), static_cast<size_t>(kSamples / kWorld / kBatch));
+      restored[rank] = fresh.skipped_steps() == 0 ? fresh.scale_value() : -1;
+    }
+    ot::finish(engine);
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(scalers[r].skipped_steps(), 1) << "rank " << r;
+    EXPECT_DOUBLE_EQ(scalers[r].scale_value(), 512) << "rank " << r;
+    EXPECT_DOUBLE_EQ(restored[r], 512) << "rank " << r;
+    // Scaling by a power of two and back is exact in float32.
+    ot::expect_params_close(*scaled[r], *by_hand[0], 0, 0, "rank " + std::to_string(r));
   }
 }
 

@@ -18,7 +18,6 @@
 #include "kolo/core/errors.h"
 #include "kolo/torch/broadcast.h"
 #include "kolo/torch/metrics.h"
-#include "kolo/torch/mixed_precision.h"
 #include "kolo/torch/parallel_optimizer.h"
 
 namespace kolo {
@@ -149,15 +148,20 @@ Logs Trainer::fit(const Dataset& train, const Dataset* validation) {
         outputs = forward_(inputs);
         loss = loss_(outputs, targets);
       }
-      if (balancer_) {
-        // The mean over the global batch: this rank's share of it weighs its
-        // mean loss; the balancer times this rank's compute, not the wait in step().
-        (loss * balancer_->gradient_weight()).backward();
-        balancer_->record(now_s() - step_start);
+      // With the balancer, the mean over the global batch: this rank's share
+      // of it weighs its mean loss.
+      torch::Tensor objective = balancer_ ? loss * balancer_->gradient_weight() : loss;
+      if (options_.loss_scaler) objective = options_.loss_scaler->scale(objective);
+      objective.backward();  // the buckets' exchange starts as their gradients are ready
+      // The balancer times this rank's compute, not the wait in step().
+      if (balancer_) balancer_->record(now_s() - step_start);
+      // Waits for the exchanged gradients, then steps (the scaler: unscaled,
+      // or skipped on every rank when one overflowed).
+      if (options_.loss_scaler) {
+        options_.loss_scaler->step(optimizer_);
       } else {
-        loss.backward();  // the buckets' exchange starts as their gradients are ready
+        optimizer_.step();
       }
-      optimizer_.step();  // waits for the exchanged gradients, then steps
       const int64_t b = rows.size(0);
       loss_sum += loss.item<double>() * static_cast<double>(b);
       seen_ += b;
@@ -293,6 +297,7 @@ void ModelCheckpoint::on_train_begin(Trainer& trainer) {
   }
   const CheckpointState state = load_checkpoint(options_.dir, trainer.optimizer());
   trainer.set_initial_epoch(state.epoch);
+  if (LossScaler* scaler = trainer.options().loss_scaler) scaler->restore(state.extras);
   if (options_.verbose && trainer.rank() == 0) {
     std::printf("Resumed from %s after epoch %lld\n", options_.dir.c_str(),
                 static_cast<long long>(state.epoch));
@@ -305,6 +310,7 @@ void ModelCheckpoint::on_epoch_end(Trainer& trainer, int64_t epoch, Logs&) {
   state.epoch = epoch + 1;  // epochs completed
   state.seed = trainer.options().sampling.seed;
   state.sampler = {epoch + 1, 0};
+  if (const LossScaler* scaler = trainer.options().loss_scaler) state.extras = scaler->extras();
   save_checkpoint(options_.dir, trainer.optimizer(), state);
   if (options_.verbose && trainer.rank() == 0) {
     std::printf("Saved %s\n", options_.dir.c_str());

@@ -35,6 +35,7 @@
 #include "kolo/core/batch_balancer.h"
 #include "kolo/torch/checkpoint.h"
 #include "kolo/torch/lr.h"
+#include "kolo/torch/mixed_precision.h"
 #include "kolo/torch/sampler.h"
 #include "kolo/torch/tensor.h"
 
@@ -82,6 +83,12 @@ struct TrainerOptions : CallOptions {
   // takes every sample once, in order.
   DistributedSamplerOptions sampling;
   bool autocast_bf16 = false;  // the forward pass under AutocastGuard(kBFloat16)
+  // Dynamic loss scaling (Keras' LossScaleOptimizer, PyTorch's GradScaler;
+  // mixed_precision.h), or nullptr: each step backpropagates
+  // loss_scaler->scale(loss) and steps through loss_scaler->step(optimizer),
+  // which skips the step on every rank when any rank's gradients overflowed.
+  // ModelCheckpoint saves and restores its scale. Must outlive the trainer.
+  LossScaler* loss_scaler = nullptr;
   // Split each step's global batch by the ranks' measured compute speed
   // (kolo::BatchBalancer over these CallOptions) instead of evenly: step k's
   // global batch is positions [k G, (k + 1) G) of the epoch's one shuffled
@@ -218,10 +225,10 @@ class Throughput : public Callback {
 
 // keras.callbacks.ModelCheckpoint (and BackupAndRestore) for a
 // ParallelOptimizer: after every epoch, save_checkpoint(dir, optimizer,
-// {epoch + 1, seed, sampler position}): collective; at zero_stage 0 rank 0
-// writes, at stages 1-3 every rank its shard, and the index is written last
-// after every shard, so the directory holds the new checkpoint or the
-// previous one, never a mix (docs/zero.md, "Sharded checkpoints").
+// {epoch + 1, seed, sampler position, the loss scaler's extras}): collective; at zero_stage 0 rank
+// 0 writes, at stages 1-3 every rank its shard, and the index is written last after every shard, so
+// the directory holds the new checkpoint or the previous one, never a mix (docs/zero.md, "Sharded
+// checkpoints").
 struct ModelCheckpointOptions {
   std::string dir;
   // On train begin, load the checkpoint in `dir` (any stage and world size
