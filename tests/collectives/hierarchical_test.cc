@@ -39,8 +39,9 @@ std::vector<int> placement(int hosts, int per_host, bool round_robin) {
 // One hierarchical communicator per rank, its parts thread communicators.
 class ThreadHierarchy {
  public:
-  explicit ThreadHierarchy(const std::vector<int>& rank_hosts)
-      : layout_(detail::host_layout(rank_hosts)) {
+  // chunk_bytes: HierarchicalParts::pipeline_chunk_bytes (the default when < 0).
+  explicit ThreadHierarchy(const std::vector<int>& rank_hosts, long chunk_bytes = -1)
+      : layout_(detail::host_layout(rank_hosts)), chunk_bytes_(chunk_bytes) {
     const int hosts = static_cast<int>(layout_.members_of_host.size());
     const int per_host = static_cast<int>(layout_.members_of_host.front().size());
     flat_ = make_thread_communicators(static_cast<int>(rank_hosts.size()), kTimeout);
@@ -59,18 +60,21 @@ class ThreadHierarchy {
     parts.flat = std::move(flat_[rank]);
     parts.prefix = "threads";
     parts.timeout = kTimeout;
+    if (chunk_bytes_ >= 0) parts.pipeline_chunk_bytes = static_cast<size_t>(chunk_bytes_);
     return detail::make_hierarchical_communicator(std::move(parts));
   }
 
  private:
   detail::HostLayout layout_;
+  long chunk_bytes_;
   std::vector<std::unique_ptr<Communicator>> flat_;
   std::vector<std::vector<std::unique_ptr<Communicator>>> local_;
   std::vector<std::vector<std::unique_ptr<Communicator>>> cross_;
 };
 
-void expect_matrix_passes(const std::vector<int>& rank_hosts, const testing::CheckMatrix& matrix) {
-  ThreadHierarchy hierarchy(rank_hosts);
+void expect_matrix_passes(const std::vector<int>& rank_hosts, const testing::CheckMatrix& matrix,
+                          long chunk_bytes = -1) {
+  ThreadHierarchy hierarchy(rank_hosts, chunk_bytes);
   const int n = static_cast<int>(rank_hosts.size());
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int r = 0; r < n; ++r) comms.push_back(hierarchy.take(r));
@@ -157,6 +161,16 @@ TEST(Hierarchical, WhenTheCompositionIsChosen) {
 }
 
 #if KOLO_HAVE_GLOO
+// Pipelined allreduce (tiny chunks, so that every count above a few elements
+// runs in 2..8 chunks, some ending mid-slice): the same results as whole.
+TEST(Hierarchical, PipelinedChunksMatchTheReference) {
+  testing::CheckMatrix matrix;
+  matrix.counts = {1, 2, 7, 1000, 4099};
+  expect_matrix_passes(placement(2, 2, false), matrix, /*chunk_bytes=*/64);
+  expect_matrix_passes(placement(3, 2, true), matrix, /*chunk_bytes=*/1000);
+  expect_matrix_passes(placement(2, 3, false), matrix, /*chunk_bytes=*/4);
+}
+
 // The real composition: make_communicator("gloo") with two fake hosts builds
 // shm within each and gloo across them.
 TEST(Hierarchical, ShmAndGlooThroughMakeCommunicator) {

@@ -41,8 +41,9 @@ void enter_host(const std::string& host) {
   close(fd);
 }
 
-TEST(HierarchicalAcrossHosts, AKilledRankOnTheFarHostIsARuntimeFaultNamingItOnEverySurvivor) {
-  KOLO_NEED_TEST_HOSTS(2, hosts);
+// Allreduces of `count` f32 until rank 3 (on the second host) is SIGKILLed;
+// every survivor must report it.
+void expect_far_kill_reported(const TestHosts* hosts, size_t count) {
   TempDir dir("kolo-hier-hosts");
   constexpr int kSize = 4;
   constexpr int kVictim = 3;  // on the second host; ranks 0 and 1 are on the first
@@ -63,7 +64,7 @@ TEST(HierarchicalAcrossHosts, AKilledRankOnTheFarHostIsARuntimeFaultNamingItOnEv
         options.host_name = host;
         options.gloo_iface = "eth0";
         auto comm = make_communicator("gloo", options);
-        return allreduce_until_fault(*comm, kVictim, 1 << 18, state.progress[rank],
+        return allreduce_until_fault(*comm, kVictim, count, state.progress[rank],
                                      "kolo hierarchical (rank " + std::to_string(rank));
       },
       kill_once_running(kVictim, kSize, &killed), milliseconds(120000));
@@ -72,6 +73,18 @@ TEST(HierarchicalAcrossHosts, AKilledRankOnTheFarHostIsARuntimeFaultNamingItOnEv
   for (int rank = 0; rank < kSize - 1; ++rank) {
     EXPECT_EQ(outcomes[rank].exit_code, 0) << "rank " << rank << ": " << outcomes[rank].result;
   }
+}
+
+TEST(HierarchicalAcrossHosts, AKilledRankOnTheFarHostIsARuntimeFaultNamingItOnEverySurvivor) {
+  KOLO_NEED_TEST_HOSTS(2, hosts);
+  expect_far_kill_reported(hosts, 1 << 18);
+}
+
+// The same while allreduce runs pipelined (8 MiB and more: two or more chunks,
+// the cross-host part on a helper thread): the fault in either thread ends both.
+TEST(HierarchicalAcrossHosts, AKilledRankIsReportedWhileTheAllreduceIsPipelined) {
+  KOLO_NEED_TEST_HOSTS(2, hosts);
+  expect_far_kill_reported(hosts, (size_t{3} << 20) + 5);
 }
 
 }  // namespace

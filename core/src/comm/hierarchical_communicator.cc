@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -86,39 +88,7 @@ class HierarchicalCommunicator : public Communicator {
         [&](const Deadline& deadline) {
           if (count == 0) return;
           const ReductionPlan plan = plan_reduction(dtype, options);
-          const size_t wire_bytes = dtype_size(plan.wire);
-          const size_t out_bytes = dtype_size(dtype);
-          const size_t slice = (count + local_size_ - 1) / local_size_;
-          uint8_t* work = work_.get(slice * local_size_ * wire_bytes);
-          stage_in(plan, options, in, work, count);
-          std::memset(work + count * wire_bytes, 0, (slice * local_size_ - count) * wire_bytes);
-          uint8_t* mine = slice_.get(slice * wire_bytes);
-          AllreduceOptions wire_op;
-          wire_op.op = plan.wire_op;
-          in_part(kLocal, deadline, [&](milliseconds left) {
-            wire_op.timeout = left;
-            p_.local->reducescatter(work, mine, slice, plan.wire, wire_op);
-          });
-          in_part(kCross, deadline, [&](milliseconds left) {
-            wire_op.timeout = left;
-            p_.cross->allreduce(mine, mine, slice, plan.wire, wire_op);
-          });
-          // Finish and convert this member's slice into its place in `out`
-          // (the input is already staged, so `out` may alias it), then
-          // gather the slices in the host.
-          std::vector<size_t> counts(local_size_);
-          for (int l = 0; l < local_size_; ++l) {
-            const size_t begin = std::min(count, l * slice);
-            counts[l] = std::min(count, begin + slice) - begin;
-          }
-          uint8_t* result = static_cast<uint8_t*>(out);
-          const size_t offset = std::min(count, local_ * slice);
-          stage_out(plan, options, mine, result + offset * out_bytes, counts[local_], size_);
-          in_part(kLocal, deadline, [&](milliseconds left) {
-            CollectiveOptions o;
-            o.timeout = left;
-            p_.local->allgatherv(result + offset * out_bytes, result, counts, dtype, o);
-          });
+          allreduce_pipelined(in, out, count, dtype, plan, options, deadline);
         });
   }
 
@@ -288,6 +258,160 @@ class HierarchicalCommunicator : public Communicator {
     }
     body(deadline);
   }
+
+  // Allreduce in chunks, so that the link is busy while the host works: the
+  // cross-host allreduce of chunk k (on a helper thread) overlaps the
+  // reduce-scatter of chunk k+1 and the allgather of chunk k-1 in the host
+  // (this thread). Each chunk runs the unchunked algorithm on its elements,
+  // so every element is reduced exactly as without chunks. The local part
+  // sees the same call sequence on every member (RS0 RS1 AG0 RS2 AG1 ...),
+  // the cross part one allreduce per chunk in order. A fault in either
+  // thread aborts the other part, and the fault that came first is reported
+  // through in_part, as an unchunked call would.
+  void allreduce_pipelined(const void* in, void* out, size_t count, DType dtype,
+                           const ReductionPlan& plan, const AllreduceOptions& options,
+                           const Deadline& deadline) {
+    const size_t wire_bytes = dtype_size(plan.wire);
+    const size_t in_bytes = dtype_size(dtype);
+    // Chunks of at least pipeline_chunk_bytes (a gloo call costs about a
+    // millisecond on a busy host), at most kMaxChunks of them.
+    const size_t total = count * wire_bytes;
+    const size_t asked = hosts_ < 2 || local_size_ < 2 || p_.pipeline_chunk_bytes == 0
+                             ? 1
+                             : std::clamp<size_t>(total / p_.pipeline_chunk_bytes, size_t{1},
+                                                  std::min(kMaxChunks, count));
+    const size_t per_chunk = (count + asked - 1) / asked;
+    const size_t chunks = (count + per_chunk - 1) / per_chunk;  // none empty
+    const size_t slice_max = (per_chunk + local_size_ - 1) / local_size_;
+    const size_t padded = slice_max * local_size_;
+    uint8_t* work = work_.get(chunks * padded * wire_bytes);
+    uint8_t* mine = slice_.get(chunks * slice_max * wire_bytes);
+    AllreduceOptions wire_op;
+    wire_op.op = plan.wire_op;
+    auto begin_of = [&](size_t k) { return std::min(count, k * per_chunk); };
+    auto count_of = [&](size_t k) { return begin_of(k + 1) - begin_of(k); };
+    auto slice_of = [&](size_t k) { return (count_of(k) + local_size_ - 1) / local_size_; };
+    auto work_of = [&](size_t k) { return work + k * padded * wire_bytes; };
+    auto mine_of = [&](size_t k) { return mine + k * slice_max * wire_bytes; };
+
+    // Stage chunk k and reduce-scatter it in the host.
+    auto scatter = [&](size_t k) {
+      const size_t n = count_of(k), slice = slice_of(k);
+      stage_in(plan, options, static_cast<const uint8_t*>(in) + begin_of(k) * in_bytes, work_of(k),
+               n);
+      std::memset(work_of(k) + n * wire_bytes, 0, (slice * local_size_ - n) * wire_bytes);
+      AllreduceOptions o = wire_op;
+      o.timeout = std::max(deadline.remaining(), milliseconds(1));
+      p_.local->reducescatter(work_of(k), mine_of(k), slice, plan.wire, o);
+    };
+    // Finish this member's slice of chunk k into its place in `out` (the
+    // chunk's input is already staged, so `out` may alias `in`), then gather
+    // the chunk's slices in the host.
+    auto gather = [&](size_t k) {
+      const size_t n = count_of(k), slice = slice_of(k);
+      std::vector<size_t> counts(local_size_);
+      for (int l = 0; l < local_size_; ++l) {
+        const size_t b = std::min(n, l * slice);
+        counts[l] = std::min(n, b + slice) - b;
+      }
+      uint8_t* result = static_cast<uint8_t*>(out) + begin_of(k) * in_bytes;
+      const size_t offset = std::min(n, local_ * slice);
+      stage_out(plan, options, mine_of(k), result + offset * in_bytes, counts[local_], size_);
+      CollectiveOptions o;
+      o.timeout = std::max(deadline.remaining(), milliseconds(1));
+      p_.local->allgatherv(result + offset * in_bytes, result, counts, dtype, o);
+    };
+    auto cross = [&](size_t k) {
+      AllreduceOptions o = wire_op;
+      o.timeout = std::max(deadline.remaining(), milliseconds(1));
+      p_.cross->allreduce(mine_of(k), mine_of(k), slice_of(k), plan.wire, o);
+    };
+
+    if (chunks == 1) {
+      in_part(kLocal, deadline, [&](milliseconds) { scatter(0); });
+      in_part(kCross, deadline, [&](milliseconds) { cross(0); });
+      in_part(kLocal, deadline, [&](milliseconds) { gather(0); });
+      return;
+    }
+
+    // Hand-off between the threads: chunks scattered, chunks reduced across
+    // hosts, and the first failure (its part and exception).
+    std::mutex mutex;
+    std::condition_variable changed;
+    size_t scattered = 0, crossed = 0;
+    bool failed = false;
+    Part failed_part = kLocal;
+    std::exception_ptr failure;
+    auto record = [&](Part part) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (failed) return;
+        failed = true;
+        failed_part = part;
+        failure = std::current_exception();
+      }
+      changed.notify_all();
+      // Unblock the other thread: its part gives up at once.
+      (part == kLocal ? p_.cross : p_.local)
+          ->abort("rank " + std::to_string(p_.rank) +
+                      " of the hierarchical communicator gave up in its other part",
+                  {});
+    };
+    std::thread helper([&] {
+      try {
+        for (size_t k = 0; k < chunks; ++k) {
+          {
+            std::unique_lock<std::mutex> lock(mutex);
+            changed.wait(lock, [&] { return failed || scattered > k; });
+            if (failed) return;
+          }
+          cross(k);
+          {
+            std::lock_guard<std::mutex> lock(mutex);
+            crossed = k + 1;
+          }
+          changed.notify_all();
+        }
+      } catch (...) {
+        record(kCross);
+      }
+    });
+    try {
+      auto mark_scattered = [&](size_t k) {
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          scattered = k + 1;
+        }
+        changed.notify_all();
+      };
+      auto wait_crossed = [&](size_t k) {
+        std::unique_lock<std::mutex> lock(mutex);
+        changed.wait(lock, [&] { return failed || crossed > k; });
+        return !failed;
+      };
+      bool ok = true;
+      for (size_t k = 0; ok && k <= chunks; ++k) {
+        if (k < chunks) {
+          scatter(k);
+          mark_scattered(k);
+        }
+        if (k >= 1) {
+          ok = wait_crossed(k - 1);
+          if (ok) gather(k - 1);
+        }
+      }
+    } catch (...) {
+      record(kLocal);
+    }
+    helper.join();
+    if (failed) {
+      in_part(failed_part, deadline, [&](milliseconds) { std::rethrow_exception(failure); });
+    }
+  }
+
+  // Pipelined allreduce: at most this many chunks (each one more call in
+  // each part; 8 leave 1/8 of the host's work exposed).
+  static constexpr size_t kMaxChunks = 8;
 
   // A collective the flat part runs whole (it checks its own arguments).
   template <typename Call>

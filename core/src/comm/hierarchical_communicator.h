@@ -17,7 +17,9 @@
 //                  padded to L equal slices), reduce-scatter in the host, an
 //                  allreduce of each local slice across hosts, finish
 //                  (average over every member, postscale), convert back, and
-//                  allgather the slices in the host. Each host sends
+//                  allgather the slices in the host; large buffers in
+//                  chunks, pipelined (HierarchicalParts::pipeline_chunk_bytes).
+//                  Each host sends
 //                  2(H-1)/H * S across its link, against the flat ring's
 //                  2(n-1)/n * S * L over the same link (n = H*L members).
 //   reducescatter  the blocks of the members with local index l are
@@ -76,6 +78,10 @@ struct HierarchicalParts {
   std::string prefix;            // the communicator's own prefix
   std::chrono::milliseconds timeout{300000};
   bool check_args = true;
+  // Allreduce runs in chunks of at least this many wire bytes (at most 8
+  // chunks), the cross-host part of one chunk overlapping the host's work on
+  // its neighbours; a buffer under two chunks runs whole. 0 = never chunk.
+  size_t pipeline_chunk_bytes = size_t{4} << 20;
 };
 
 std::unique_ptr<Communicator> make_hierarchical_communicator(HierarchicalParts parts);
