@@ -89,7 +89,8 @@ class GlooStore : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys) override {
     store_->wait(keys, std::chrono::seconds(60));
   }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
     store_->wait(keys, timeout);
   }
 
@@ -113,20 +114,19 @@ class GlooRawAllreduce : public RawOp {
 }  // namespace
 
 std::function<std::unique_ptr<RawOp>(size_t)> gloo_raw_allreduce_factory(
-    std::shared_ptr<Store> store, int rank, int size) {
+    std::shared_ptr<Store> store, int rank, int size, const std::string& address) {
   gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
+  attr.hostname = address;
   auto device = gloo::transport::tcp::CreateDevice(attr);
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
   GlooStore gloo_store(std::move(store));
   context->connectFullMesh(gloo_store, device);
-  return [context](size_t count) {
-    return std::make_unique<GlooRawAllreduce>(context, count);
-  };
+  return [context](size_t count) { return std::make_unique<GlooRawAllreduce>(context, count); };
 }
 #else
 std::function<std::unique_ptr<RawOp>(size_t)> gloo_raw_allreduce_factory(std::shared_ptr<Store>,
-                                                                         int, int) {
+                                                                         int, int,
+                                                                         const std::string&) {
   return nullptr;
 }
 #endif

@@ -30,9 +30,11 @@ std::function<std::unique_ptr<RawOp>(size_t count)> mpi_raw_allreduce_factory();
 std::function<std::unique_ptr<RawOp>(size_t bytes)> mpi_raw_pingpong_factory();
 
 // Raw gloo::AllreduceRingChunked<float> over a TCP context of its own
-// (rendezvous through `store`). Null when gloo is not compiled in.
+// (rendezvous through `store`) whose device binds `address` (loopback when
+// every rank is on this host, the host's own address across hosts). Null when
+// gloo is not compiled in.
 std::function<std::unique_ptr<RawOp>(size_t count)> gloo_raw_allreduce_factory(
-    std::shared_ptr<Store> store, int rank, int size);
+    std::shared_ptr<Store> store, int rank, int size, const std::string& address);
 
 // STREAM-like copy bandwidth in GB/s counted read + write (2 * bytes / time),
 // single thread, median of repeats.

@@ -11,6 +11,8 @@
 //   [--json] [--docs docs/benchmarks.md --docs docs/parallelism.md]
 //     (a plain process; pipeline bubble, throughput against data parallel, and memory of
 //     pp=2 / tp=2 against the unsplit model under a limit; built with libtorch)
+//   kolo-bench model [--data docs/hosts_data] [--json] [--docs docs/scale.md]
+//     (a plain process; fits the allreduce cost model to scripts/bench_hosts.sh's rows)
 //   kolo-bench store-attack --pid PID [--port P] [--json]
 //     (attacks the rendezvous store served by PID, e.g. kolorun, and prints its memory)
 //   kolo-bench elastic [--repeats 3] [--commit-every 10] [--json] [--docs docs/benchmarks.md]
@@ -31,6 +33,7 @@
 #include "elastic_bench.h"
 #include "engine_bench.h"
 #include "kolo/core/errors.h"
+#include "scale_model.h"
 #include "store_attack.h"
 #ifdef KOLO_BENCH_HAVE_SCALING
 #include "scaling_bench.h"
@@ -75,6 +78,11 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   sub->add_option("--warmup", collectives.timing.warmup, "untimed calls first")
       ->check(CLI::NonNegativeNumber);
+  sub->add_option("--link", collectives.link,
+                  "across hosts: the link's name in the JSON rows and docs section (e.g. 1gbit)");
+  sub->add_option("--link-streams", collectives.link_streams,
+                  "across hosts: TCP streams of the link-rate measurement besides one")
+      ->check(CLI::PositiveNumber);
 
   kolo::bench::EngineBenchOptions engine;
   engine.command_line = "kolorun -np N " + command_line;
@@ -313,6 +321,29 @@ int main(int argc, char** argv) {
   elastic_sub->add_option("--kolorun", elastic.kolorun, "path of kolorun");
   elastic_sub->add_option("--example", elastic.example, "path of the fashion_mnist example");
 
+  kolo::bench::ModelBenchOptions model;
+  model.command_line = command_line;
+  auto* model_sub = app.add_subcommand(
+      "model",
+      "fit an alpha-beta-gamma model of allreduce (flat ring, hierarchical, tree) to the "
+      "measurements of scripts/bench_hosts.sh, check it on held-out configurations and project "
+      "data-parallel training to 8..512 workers (a plain process)");
+  model_sub->add_option("--data", model.data_dir, "directory of scripts/bench_hosts.sh's JSON rows")
+      ->capture_default_str();
+  model_sub
+      ->add_option("--held-out", model.held_out,
+                   "configurations (HOSTSxRANKS-LINK) predicted, not fitted")
+      ->delimiter(',')
+      ->capture_default_str();
+  model_sub
+      ->add_option("--held-out-bytes", model.held_out_bytes,
+                   "sizes predicted, not fitted, in every configuration")
+      ->delimiter(',')
+      ->capture_default_str();
+  model_sub->add_flag("--json", model.json, "one JSON object per row instead of tables");
+  model_sub->add_option("--docs", model.docs_path,
+                        "rewrite the model sections of this markdown file (docs/scale.md)");
+
   kolo::bench::StoreAttackOptions attack;
   auto* attack_sub = app.add_subcommand(
       "store-attack",
@@ -371,6 +402,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (*attack_sub) return kolo::bench::run_store_attack_bench(attack);
+    if (*model_sub) return kolo::bench::run_model_bench(model);
     if (*elastic_sub) return kolo::bench::run_elastic_bench(elastic);
     if (*chaos_sub) return kolo::bench::run_chaos_bench(chaos);
 #ifdef KOLO_BENCH_HAVE_ZERO
