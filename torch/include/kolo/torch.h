@@ -36,4 +36,5 @@
 #include "kolo/torch/sampler.h"
 #include "kolo/torch/tensor.h"
 #include "kolo/torch/tensor_parallel.h"
+#include "kolo/torch/trainer.h"
 #include "kolo/torch/zero.h"

@@ -1,0 +1,129 @@
+// The example's command line (flags.h).
+#include "flags.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+namespace fashion_mnist {
+
+std::optional<int> parse_flags(int argc, char** argv, Flags& flags) {
+  CLI::App app{"Fashion-MNIST CNN trained data-parallel with kolo (run it under kolorun)"};
+  app.add_option("--epochs", flags.epochs, "Epochs to train")->capture_default_str();
+  app.add_option("--batch-size", flags.batch_size, "Images per worker per step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", flags.optimizer.name,
+                 "adam, sgd (with momentum), lars or lamb (layer-wise, for large batches: "
+                 "docs/large_batch.md)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"adam", "sgd", "lars", "lamb"}));
+  app.add_option("--lr", flags.optimizer.lr,
+                 "Learning rate (with --scale-lr: for one worker); default: adam 0.001, sgd "
+                 "0.05, lars and lamb the 8 x 2048 recipe's (docs/large_batch.md)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--momentum", flags.optimizer.momentum, "Momentum of sgd and lars")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.999999));
+  app.add_option("--weight-decay", flags.optimizer.weight_decay,
+                 "Weight decay; default: adam 0, sgd and lars 5e-4, lamb 0.01 (lars and lamb "
+                 "leave biases and normalisation parameters undecayed)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--scale-lr", flags.scale_lr, "Multiply the learning rate by the number of workers");
+  app.add_option("--warmup-epochs", flags.warmup_epochs,
+                 "Epochs over which the rate climbs linearly: from --lr to the scaled rate with "
+                 "--scale-lr, else from --lr / (warmup steps) to --lr")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--lr-decay", flags.lr_decay,
+                 "After the warmup: constant, or cosine (down to 0 at the last epoch)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"constant", "cosine"}));
+  app.add_option("--checkpoint-dir", flags.checkpoint_dir,
+                 "Save after every epoch: rank 0 writes <dir>/checkpoint.kolo (--zero-stage 0) "
+                 "or every rank its shard of <dir>/zero/ (stages 1-3); with --elastic, every "
+                 "commit to <dir>/elastic.commit and each round's starting state to "
+                 "<dir>/round<k>.start");
+  app.add_flag("--resume", flags.resume,
+               "Start from the checkpoint in --checkpoint-dir (same --zero-stage kind; a ZeRO "
+               "checkpoint loads at any worker count)");
+  app.add_option("--threads", flags.threads,
+                 "Threads per worker (default: $OMP_NUM_THREADS, which kolorun sets, else 1)");
+  app.add_option("--train-subset", flags.train_subset,
+                 "Train on the first N images only (quick runs); 0 = all")
+      ->capture_default_str();
+  app.add_option("--test-subset", flags.test_subset, "Test on the first N images only; 0 = all")
+      ->capture_default_str();
+  app.add_option("--zero-stage", flags.zero_stage,
+                 "0 = DistributedOptimizer; 1, 2, 3 = ZeRO stage (kolo::ZeroOptimizer)")
+      ->check(CLI::Validator(
+          [](std::string& value) -> std::string {
+            if (value == "0" || value == "1" || value == "2" || value == "3") return "";
+            return "is '" + value +
+                   "'; use 0 (DistributedOptimizer, plain data parallelism) or the ZeRO stage 1, "
+                   "2 or 3 (docs/zero.md)";
+          },
+          "0|1|2|3"))
+      ->capture_default_str();
+  app.add_option("--precision", flags.precision,
+                 "Arithmetic of the forward pass: fp32, or bf16 (bf16 autocast; float32 weights, "
+                 "gradients and optimizer state)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--compression", flags.compression, "Gradient compression: none, fp16, bf16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "fp16", "bf16"}));
+  app.add_option("--data-dir", flags.data_dir, "Directory of the gzipped IDX files")
+      ->capture_default_str();
+  app.add_option("--seed", flags.seed, "Seed shared by all workers")->capture_default_str();
+  app.add_option("--progress-lines", flags.progress_lines, "Progress lines per epoch")
+      ->capture_default_str();
+  app.add_flag("--balance", flags.balance,
+               "Split each global batch (workers x --batch-size) by the workers' measured speed "
+               "(kolo::BatchBalancer) instead of evenly");
+  app.add_flag("--elastic", flags.elastic,
+               "Survive workers dying and joining under kolorun --min-np/--max-np "
+               "(docs/elastic.md)");
+  app.add_option("--commit-every", flags.commit_every,
+                 "--elastic: commit the training state every N steps (and at each epoch's end)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--stop-at", flags.stop_at,
+                 "--elastic: stop once the commit at EPOCH:STEP (1-based epoch, steps done) is "
+                 "made, e.g. to replay one round of an elastic run (kolo-bench chaos)")
+      ->type_name("EPOCH:STEP");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (flags.resume && flags.checkpoint_dir.empty()) {
+    std::fprintf(stderr, "fashion_mnist: --resume needs --checkpoint-dir\n");
+    return 2;
+  }
+  if (flags.zero_stage != 0 && flags.compression != "none") {
+    // kolo::ZeroOptimizer reduce-scatters full-precision gradients (docs/zero.md).
+    std::fprintf(stderr,
+                 "fashion_mnist: --compression %s works with --zero-stage 0 only (ZeRO stage %d "
+                 "does not compress gradients); drop --compression or use --zero-stage 0\n",
+                 flags.compression.c_str(), flags.zero_stage);
+    return 2;
+  }
+  if (flags.elastic && flags.balance) {
+    std::fprintf(stderr,
+                 "fashion_mnist: --balance works without --elastic only (an elastic round "
+                 "re-shards the data by worker, not by global batch); drop one of them\n");
+    return 2;
+  }
+  if (flags.elastic && flags.zero_stage != 0) {
+    std::fprintf(
+        stderr,
+        "fashion_mnist: --elastic cannot be combined with --zero-stage %d: ZeRO shards "
+        "the optimizer's state across a fixed set of workers, while an elastic commit holds the "
+        "whole state on every worker; use --zero-stage 0 (the default) with --elastic\n",
+        flags.zero_stage);
+    return 2;
+  }
+  return std::nullopt;
+}
+
+}  // namespace fashion_mnist

@@ -1,0 +1,432 @@
+// kolo::Trainer and its callbacks (kolo/torch/trainer.h).
+#include "kolo/torch/trainer.h"
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kolo/core/errors.h"
+#include "kolo/torch/broadcast.h"
+#include "kolo/torch/metrics.h"
+#include "kolo/torch/parallel_optimizer.h"
+
+namespace kolo {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+torch::Tensor rows_of(const std::vector<size_t>& indices, size_t begin, size_t end) {
+  torch::Tensor t = torch::empty({static_cast<int64_t>(end - begin)}, torch::kLong);
+  auto* out = t.data_ptr<int64_t>();
+  for (size_t i = begin; i < end; ++i) out[i - begin] = static_cast<int64_t>(indices[i]);
+  return t;
+}
+
+// Correct predictions in a batch, or -1 when the outputs are not class scores
+// (B, C) against integer targets (B).
+int64_t correct_of(const torch::Tensor& outputs, const torch::Tensor& targets) {
+  if (outputs.dim() != 2 || targets.dim() != 1 ||
+      !c10::isIntegralType(targets.scalar_type(), false)) {
+    return -1;
+  }
+  return outputs.argmax(1).eq(targets).sum().item<int64_t>();
+}
+
+void check_dataset(const Dataset& data, const char* which) {
+  if (data.size <= 0 || !data.get) {
+    throw ContractError(std::string("kolo::Trainer: the ") + which + " set has size " +
+                        std::to_string(data.size) + (data.get ? "" : " and no get function") +
+                        "; give a Dataset with size > 0 and get(indices)");
+  }
+}
+
+}  // namespace
+
+Trainer::Trainer(torch::nn::Module& model, Forward forward, Loss loss, ParallelOptimizer& optimizer,
+                 TrainerOptions options)
+    : model_(model),
+      forward_(std::move(forward)),
+      loss_(std::move(loss)),
+      optimizer_(optimizer),
+      options_(std::move(options)) {
+  if (!forward_ || !loss_) {
+    throw ContractError("kolo::Trainer: give both a forward and a loss function");
+  }
+  if (options_.batch_size < 1 || options_.eval_batch_size < 1) {
+    throw ContractError("kolo::Trainer: options.batch_size and eval_batch_size must be >= 1");
+  }
+  if (options_.epochs < 0 || options_.initial_epoch < 0) {
+    throw ContractError("kolo::Trainer: options.epochs and initial_epoch must be >= 0");
+  }
+}
+
+int Trainer::rank() const { return optimizer_.rank(); }
+
+int64_t Trainer::steps_for(int64_t samples) const {
+  const int64_t world = world_size();
+  const int64_t batch = options_.batch_size;
+  if (options_.balance) return samples / (batch * world);
+  // The sampler's shard: ceil(samples / world), or floor with drop_last.
+  const int64_t shard =
+      options_.sampling.drop_last ? samples / world : (samples + world - 1) / world;
+  return (shard + batch - 1) / batch;
+}
+int Trainer::world_size() const { return optimizer_.world_size(); }
+
+void Trainer::add(std::shared_ptr<Callback> callback) {
+  if (!callback) throw ContractError("kolo::Trainer::add: the callback is null");
+  callbacks_.push_back(std::move(callback));
+}
+
+Logs Trainer::fit(const Dataset& train, const Dataset* validation) {
+  check_dataset(train, "training");
+  if (validation) check_dataset(*validation, "validation");
+  const auto batch = static_cast<size_t>(options_.batch_size);
+  const auto global_batch = batch * static_cast<size_t>(world_size());
+  DistributedSamplerOptions sampling = options_.sampling;
+  // --balance: one order of the whole set, the same on every rank (a
+  // sampler of one rank); the balancer says which part of each global batch
+  // is this rank's.
+  sampling.rank = options_.balance ? 0 : rank();
+  sampling.world_size = options_.balance ? 1 : world_size();
+  DistributedSampler sampler(static_cast<size_t>(train.size), sampling);
+  steps_per_epoch_ = steps_for(train.size);
+  if (options_.balance) {
+    if (steps_per_epoch_ == 0) {
+      throw ContractError("kolo::Trainer: options.balance needs at least one global batch of " +
+                          std::to_string(global_batch) + " samples per epoch, the set has " +
+                          std::to_string(sampler.size()) +
+                          "; give more samples or a smaller batch_size");
+    }
+    BatchBalancerOptions balance;
+    static_cast<CallOptions&>(balance) = options_;
+    balance.global_batch = static_cast<int64_t>(global_batch);
+    balance.name = "trainer/balancer";
+    balancer_ = std::make_unique<BatchBalancer>(balance);
+  } else {
+    balancer_.reset();
+  }
+  stop_training = false;
+  for (auto& c : callbacks_) c->on_train_begin(*this);
+  Logs logs;
+  for (epoch_ = options_.initial_epoch; epoch_ < options_.epochs && !stop_training; ++epoch_) {
+    sampler.set_epoch(epoch_);
+    model_.train();
+    for (auto& c : callbacks_) c->on_epoch_begin(*this, epoch_);
+    const std::vector<size_t>& indices = sampler.indices();
+    double loss_sum = 0;
+    int64_t correct = 0;
+    bool scored = true;
+    seen_ = 0;
+    const double epoch_start = now_s();
+    for (int64_t step = 0; step < steps_per_epoch_; ++step) {
+      for (auto& c : callbacks_) c->on_batch_begin(*this, step);
+      const double step_start = now_s();
+      const size_t begin = balancer_ ? static_cast<size_t>(step) * global_batch +
+                                           static_cast<size_t>(balancer_->offset())
+                                     : static_cast<size_t>(step) * batch;
+      const size_t count = balancer_ ? static_cast<size_t>(balancer_->batch()) : batch;
+      const torch::Tensor rows = rows_of(indices, begin, std::min(indices.size(), begin + count));
+      auto [inputs, targets] = train.get(rows);
+      optimizer_.zero_grad();
+      torch::Tensor outputs, loss;
+      {
+        AutocastGuard autocast(torch::kBFloat16, options_.autocast_bf16);
+        outputs = forward_(inputs);
+        loss = loss_(outputs, targets);
+      }
+      // With the balancer, the mean over the global batch: this rank's share
+      // of it weighs its mean loss.
+      torch::Tensor objective = balancer_ ? loss * balancer_->gradient_weight() : loss;
+      if (options_.loss_scaler) objective = options_.loss_scaler->scale(objective);
+      objective.backward();  // the buckets' exchange starts as their gradients are ready
+      // The balancer times this rank's compute, not the wait in step().
+      if (balancer_) balancer_->record(now_s() - step_start);
+      // Waits for the exchanged gradients, then steps (the scaler: unscaled,
+      // or skipped on every rank when one overflowed).
+      if (options_.loss_scaler) {
+        options_.loss_scaler->step(optimizer_);
+      } else {
+        optimizer_.step();
+      }
+      const int64_t b = rows.size(0);
+      loss_sum += loss.item<double>() * static_cast<double>(b);
+      seen_ += b;
+      const int64_t c = scored ? correct_of(outputs, targets) : -1;
+      if (c < 0) scored = false;
+      correct += std::max<int64_t>(c, 0);
+      Logs batch_logs{{"loss", loss_sum / static_cast<double>(seen_)}};
+      if (scored)
+        batch_logs["accuracy"] = static_cast<double>(correct) / static_cast<double>(seen_);
+      for (auto& cb : callbacks_) cb->on_batch_end(*this, step, batch_logs);
+    }
+    epoch_seconds_ = now_s() - epoch_start;
+    const double seen = static_cast<double>(std::max<int64_t>(seen_, 1));
+    logs = {{"loss", loss_sum / seen}};
+    if (scored) logs["accuracy"] = static_cast<double>(correct) / seen;
+    if (validation) {
+      for (const auto& [name, value] : evaluate(*validation)) logs["val_" + name] = value;
+      model_.train();
+    }
+    for (auto& c : callbacks_) c->on_epoch_end(*this, epoch_, logs);
+  }
+  for (auto& c : callbacks_) c->on_train_end(*this, logs);
+  return logs;
+}
+
+Logs Trainer::evaluate(const Dataset& data) {
+  check_dataset(data, "evaluation");
+  DistributedSamplerOptions shard;
+  shard.shuffle = false;
+  shard.rank = rank();
+  shard.world_size = world_size();
+  DistributedSampler sampler(static_cast<size_t>(data.size), shard);
+  model_.eval();
+  torch::NoGradGuard no_grad;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  bool scored = true;
+  const auto batch = static_cast<size_t>(options_.eval_batch_size);
+  const std::vector<size_t>& indices = sampler.indices();
+  for (size_t begin = 0; begin < indices.size(); begin += batch) {
+    const torch::Tensor rows = rows_of(indices, begin, std::min(indices.size(), begin + batch));
+    auto [inputs, targets] = data.get(rows);
+    torch::Tensor outputs, loss;
+    {
+      AutocastGuard autocast(torch::kBFloat16, options_.autocast_bf16);
+      outputs = forward_(inputs);
+      loss = loss_(outputs, targets);
+    }
+    loss_sum += loss.item<double>() * static_cast<double>(rows.size(0));
+    const int64_t c = scored ? correct_of(outputs, targets) : -1;
+    if (c < 0) scored = false;
+    correct += std::max<int64_t>(c, 0);
+  }
+  // Sums over the ranks (means times the world: every rank has as many samples).
+  const double count = static_cast<double>(indices.size());
+  Logs out{{"loss", metric_average(loss_sum / count, "trainer/eval_loss", options_)}};
+  if (scored) {
+    out["accuracy"] =
+        metric_average(static_cast<double>(correct) / count, "trainer/eval_accuracy", options_);
+  }
+  return out;
+}
+
+// --- Callbacks ---------------------------------------------------------------
+
+void BroadcastGlobalVariables::on_train_begin(Trainer& trainer) {
+  const int stage = trainer.optimizer().zero_stage();
+  if (stage == 3) {
+    throw ContractError(
+        "kolo::BroadcastGlobalVariables: at zero_stage 3 the parameters are sharded; call "
+        "kolo::broadcast_parameters(model, root) before building the optimizer instead");
+  }
+  broadcast_parameters(trainer.model(), root_, trainer.options());
+  if (stage == 0)
+    broadcast_optimizer_state(trainer.optimizer().optimizer(), root_, trainer.options());
+}
+
+void MetricAverage::on_epoch_end(Trainer& trainer, int64_t, Logs& logs) {
+  for (auto& [name, value] : logs)
+    value = metric_average(value, "trainer/" + name, trainer.options());
+}
+
+void LearningRateWarmup::on_train_begin(Trainer& trainer) {
+  LrScheduleOptions o = options_;
+  o.steps_per_epoch = std::max<int64_t>(1, trainer.steps_per_epoch());
+  schedule_ = std::make_unique<LrSchedule>(o);
+}
+
+void LearningRateWarmup::on_batch_begin(Trainer& trainer, int64_t step) {
+  lr_ = schedule_->lr(trainer.epoch(), step);
+  apply_lr(trainer.optimizer().optimizer(), lr_);
+}
+
+void LearningRateWarmup::on_epoch_end(Trainer&, int64_t, Logs& logs) { logs["lr"] = lr_; }
+
+void LearningRateSchedule::on_epoch_begin(Trainer& trainer, int64_t epoch) {
+  torch::optim::Optimizer& optimizer = trainer.optimizer().optimizer();
+  apply_lr(optimizer, schedule_(epoch, current_lr(optimizer)));
+}
+
+void LearningRateSchedule::on_epoch_end(Trainer& trainer, int64_t, Logs& logs) {
+  logs["lr"] = current_lr(trainer.optimizer().optimizer());
+}
+
+void Throughput::on_epoch_end(Trainer& trainer, int64_t, Logs& logs) {
+  const double seconds = std::max(trainer.epoch_seconds(), 1e-9);
+  const int workers = trainer.world_size();
+  const double images = metric_average(static_cast<double>(trainer.samples_seen()),
+                                       "trainer/images", trainer.options()) *
+                        workers;
+  logs["epoch_time"] = seconds;
+  logs["images"] = images;
+  logs["images_per_sec"] = images / seconds;
+  if (print_ && trainer.rank() == 0) {
+    std::printf("Epoch time: %.1f s\n", seconds);
+    std::printf("Images/sec: %.1f (%d worker(s), %.1f per worker)\n", images / seconds, workers,
+                images / seconds / workers);
+    std::fflush(stdout);
+  }
+}
+
+void ModelCheckpoint::on_train_begin(Trainer& trainer) {
+  using Resume = ModelCheckpointOptions::Resume;
+  if (options_.resume == Resume::kNo) return;
+  if (options_.resume == Resume::kIfPresent) {
+    // Every rank must take the same branch: rank 0's view of the directory decides.
+    const bool present =
+        std::filesystem::exists(std::filesystem::path(options_.dir) / "index.kolo");
+    const double any = metric_average(trainer.rank() == 0 && present ? 1.0 : 0.0,
+                                      "trainer/checkpoint_present", trainer.options()) *
+                       trainer.world_size();
+    if (any < 0.5) return;
+  }
+  const CheckpointState state = load_checkpoint(options_.dir, trainer.optimizer());
+  trainer.set_initial_epoch(state.epoch);
+  if (LossScaler* scaler = trainer.options().loss_scaler) scaler->restore(state.extras);
+  if (options_.verbose && trainer.rank() == 0) {
+    std::printf("Resumed from %s after epoch %lld\n", options_.dir.c_str(),
+                static_cast<long long>(state.epoch));
+    std::fflush(stdout);
+  }
+}
+
+void ModelCheckpoint::on_epoch_end(Trainer& trainer, int64_t epoch, Logs&) {
+  CheckpointState state;
+  state.epoch = epoch + 1;  // epochs completed
+  state.seed = trainer.options().sampling.seed;
+  state.sampler = {epoch + 1, 0};
+  if (const LossScaler* scaler = trainer.options().loss_scaler) state.extras = scaler->extras();
+  save_checkpoint(options_.dir, trainer.optimizer(), state);
+  if (options_.verbose && trainer.rank() == 0) {
+    std::printf("Saved %s\n", options_.dir.c_str());
+    std::fflush(stdout);
+  }
+}
+
+EarlyStopping::EarlyStopping(std::string monitor, int patience, double min_delta, std::string mode)
+    : monitor_(std::move(monitor)),
+      mode_(std::move(mode)),
+      patience_(patience),
+      min_delta_(min_delta) {
+  if (mode_ != "min" && mode_ != "max") {
+    throw ContractError("kolo::EarlyStopping: mode \"" + mode_ + "\"; use \"min\" or \"max\"");
+  }
+  if (patience_ < 0) throw ContractError("kolo::EarlyStopping: patience must be >= 0");
+}
+
+void EarlyStopping::on_train_begin(Trainer&) {
+  have_best_ = false;
+  wait_ = 0;
+  stopped_epoch_ = -1;
+}
+
+void EarlyStopping::on_epoch_end(Trainer& trainer, int64_t epoch, Logs& logs) {
+  const auto it = logs.find(monitor_);
+  if (it == logs.end()) {
+    throw ContractError("kolo::EarlyStopping: the logs have no \"" + monitor_ +
+                        "\" (add a validation set for val_* metrics)");
+  }
+  const double value = metric_average(it->second, "trainer/early_stopping", trainer.options());
+  const double gain = mode_ == "min" ? best_ - value : value - best_;
+  if (!have_best_ || gain > min_delta_) {
+    best_ = value;
+    have_best_ = true;
+    wait_ = 0;
+    return;
+  }
+  if (++wait_ > patience_) {
+    trainer.stop_training = true;
+    stopped_epoch_ = epoch;
+  }
+}
+
+void ProgressBar::print(int64_t step, int64_t steps, double elapsed_s, const Logs& logs,
+                        bool done) {
+  constexpr int kWidth = 30;
+  const int filled = static_cast<int>(kWidth * step / std::max<int64_t>(steps, 1));
+  std::string bar(static_cast<size_t>(filled), '=');
+  if (filled < kWidth) bar += '>' + std::string(static_cast<size_t>(kWidth - filled - 1), '.');
+  const double per_step_ms = 1000.0 * elapsed_s / static_cast<double>(std::max<int64_t>(step, 1));
+  const int width = static_cast<int>(std::to_string(steps).size());
+  std::printf("%*lld/%lld [%s] - ", width, static_cast<long long>(step),
+              static_cast<long long>(steps), bar.c_str());
+  if (done) {
+    std::printf("%.0fs %.0fms/step", elapsed_s, per_step_ms);
+  } else {
+    std::printf("ETA: %.0fs - %.0fms/step",
+                per_step_ms * static_cast<double>(steps - step) / 1000.0, per_step_ms);
+  }
+  for (const char* name : {"loss", "accuracy"}) {
+    const auto it = logs.find(name);
+    if (it != logs.end()) std::printf(" - %s: %.4f", name, it->second);
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+void ProgressBar::on_epoch_begin(Trainer& trainer, int64_t epoch) {
+  start_ = now_s();
+  if (trainer.rank() != 0) return;
+  std::printf("Epoch %lld/%lld\n", static_cast<long long>(epoch + 1),
+              static_cast<long long>(trainer.options().epochs));
+  std::fflush(stdout);
+}
+
+void ProgressBar::on_batch_end(Trainer& trainer, int64_t step, Logs& logs) {
+  const int64_t steps = trainer.steps_per_epoch();
+  const int64_t every = std::max<int64_t>(1, steps / std::max(1, lines_));
+  if (trainer.rank() != 0 || (step + 1) % every != 0 || step + 1 >= steps) return;
+  print(step + 1, steps, now_s() - start_, logs, false);
+}
+
+void ProgressBar::on_epoch_end(Trainer& trainer, int64_t, Logs& logs) {
+  if (trainer.rank() != 0) return;
+  print(trainer.steps_per_epoch(), trainer.steps_per_epoch(), trainer.epoch_seconds(), logs, true);
+}
+
+void CsvLogger::on_epoch_end(Trainer& trainer, int64_t epoch, Logs& logs) {
+  if (trainer.rank() != 0) return;
+  if (columns_.empty()) {
+    for (const auto& [name, value] : logs) columns_.push_back(name);
+  }
+  std::string row = std::to_string(epoch);
+  for (const std::string& name : columns_) {
+    const auto it = logs.find(name);
+    char text[64] = "";
+    if (it != logs.end()) std::snprintf(text, sizeof(text), "%.17g", it->second);
+    row += std::string(",") + text;
+  }
+  rows_.push_back(row);
+  std::string header = "epoch";
+  for (const std::string& name : columns_) header += "," + name;
+  const std::string tmp = path_ + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << header << "\n";
+    for (const std::string& r : rows_) out << r << "\n";
+    if (!out) throw ContractError("kolo::CsvLogger: cannot write '" + tmp + "'");
+  }
+  std::error_code error;
+  std::filesystem::rename(tmp, path_, error);
+  if (error) {
+    throw ContractError("kolo::CsvLogger: cannot rename '" + tmp + "' to '" + path_ +
+                        "': " + error.message());
+  }
+}
+
+}  // namespace kolo
