@@ -350,14 +350,49 @@ Engine& Runtime::engine() {
   CommunicatorOptions engine_options = world_options_;
   engine_options.prefix = world_options_.prefix + "/engine";
   engine_options.check_args = false;
-  auto comm = make_communicator(backend_, engine_options);
+  EngineCommunicators comms = engine_communicators(backend_, engine_options, topology_.rank);
+  engine_ = std::make_unique<Engine>(std::move(comms.world), std::move(comms.factory), options);
+  return *engine_;
+}
+
+EngineCommunicators Runtime::replica_communicators(const std::string& prefix, int replicas,
+                                                   int replica) {
+  if (backend_.empty() || backend_ == "mpi") {
+    throw ContractError(
+        "kolo in-process replicas: replicas of several processes need a runtime of the shm or "
+        "gloo backend, but this one is " +
+        std::string(backend_.empty() ? "ranks as threads" : "mpi (whose members are processes)") +
+        "; start the job with kolorun (or KOLO_BACKEND=shm|gloo), or run one process");
+  }
+  if (replicas < 1 || replica < 0 || replica >= replicas) {
+    throw ContractError("kolo in-process replicas: replica " + std::to_string(replica) + " of " +
+                        std::to_string(replicas) + " does not exist");
+  }
+  CommunicatorOptions o = world_options_;
+  o.rank = topology_.rank * replicas + replica;
+  o.size = topology_.size * replicas;
+  o.prefix = prefix;
+  o.check_args = false;  // the engine validates its requests itself
+  o.world_ranks.clear();
+  // Member m is replica m % replicas of rank m / replicas, on that rank's host.
+  o.rank_hosts.clear();
+  for (int host : world_options_.rank_hosts)
+    o.rank_hosts.insert(o.rank_hosts.end(), replicas, host);
+  return engine_communicators(backend_, o, o.rank);
+}
+
+std::string Runtime::next_replica_prefix() {
+  std::lock_guard<std::mutex> lock(engine_mutex_);
+  return world_options_.prefix + "/replicas" + std::to_string(replica_groups_++);
+}
+
+EngineCommunicators Runtime::engine_communicators(const std::string& backend,
+                                                  const CommunicatorOptions& base, int world_rank) {
+  EngineCommunicators comms;
+  comms.world = make_communicator(backend, base);
   // Process sets: members build a communicator of their own under a prefix
   // no other set uses (ids are never reused within one engine).
-  const std::string backend = backend_;
-  const CommunicatorOptions base = engine_options;
-  const int world_rank = topology_.rank;
-  CommunicatorFactory factory = [backend, base, world_rank](const std::vector<int>& ranks,
-                                                            int set_id) {
+  comms.factory = [backend, base, world_rank](const std::vector<int>& ranks, int set_id) {
     auto pos = std::find(ranks.begin(), ranks.end(), world_rank);
     if (pos == ranks.end()) {
       throw ContractError("kolo process set " + std::to_string(set_id) +
@@ -374,8 +409,7 @@ Engine& Runtime::engine() {
     }
     return make_communicator(backend, o);
   };
-  engine_ = std::make_unique<Engine>(std::move(comm), std::move(factory), options);
-  return *engine_;
+  return comms;
 }
 
 // ---- process-wide default runtime ----

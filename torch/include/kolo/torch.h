@@ -10,6 +10,8 @@
 //   kolo::elastic::TorchState state(*model, &adam, n);  // kolo/torch/elastic.h (elastic)
 //   kolo::LAMB lamb(kolo::layerwise_param_groups(...));  // kolo/torch/lamb.h (large batches)
 //   kolo::send(activation, rank + 1);                   // kolo/torch/p2p.h (point to point)
+//   kolo::MirroredStrategy mirrored({.replicas = 2});   // kolo/torch/mirrored.h (replicas as
+//   threads)
 //
 // See docs/torch.md. Each header can also be included on its own (they are
 // lighter than <torch/torch.h>).
@@ -27,6 +29,7 @@
 #include "kolo/torch/layerwise.h"
 #include "kolo/torch/lr.h"
 #include "kolo/torch/metrics.h"
+#include "kolo/torch/mirrored.h"
 #include "kolo/torch/mixed_precision.h"
 #include "kolo/torch/optimizer.h"
 #include "kolo/torch/optimizer_factory.h"

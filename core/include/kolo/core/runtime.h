@@ -49,6 +49,13 @@ struct InitOptions {
   std::function<void()> rendezvous_check;
 };
 
+// An engine's communicators: the one its thread runs on, and the factory of
+// its process sets' (Engine's constructor arguments).
+struct EngineCommunicators {
+  std::unique_ptr<Communicator> world;
+  CommunicatorFactory factory;
+};
+
 class Runtime {
  public:
   // Bootstraps: reads config, detects the topology, connects the store, builds
@@ -80,7 +87,25 @@ class Runtime {
   // config() (KOLO_CYCLE_TIME_MS ...). Destroyed before the world communicator.
   Engine& engine();
 
+  // In-process replicas (replica_group.h): the engine communicators of this
+  // process's replica `replica` in a world of size() * replicas members, in
+  // which it is member rank() * replicas + replica. Built like the engine's
+  // (same backend and options; members on one host share memory, hosts are
+  // composed hierarchically as the world is) under `prefix`, which
+  // next_replica_prefix() hands out. Collective: every replica of every rank
+  // calls it at the same time, each from its own thread. ContractError for
+  // ranks-as-threads runtimes and for mpi (whose members are processes).
+  EngineCommunicators replica_communicators(const std::string& prefix, int replicas, int replica);
+  // "<world prefix>/replicas<g>", g counted in this process: every rank
+  // builds its replica groups in the same order, so the ranks agree.
+  std::string next_replica_prefix();
+
  private:
+  // The engine's communicator built from `base` and its process-set
+  // factory (for the member of world rank `world_rank`).
+  static EngineCommunicators engine_communicators(const std::string& backend,
+                                                  const CommunicatorOptions& base, int world_rank);
+
   Config config_;
   Topology topology_;
   std::unique_ptr<TcpStoreServer> store_server_;  // torchrun-style rank 0 only
@@ -91,8 +116,9 @@ class Runtime {
   CommunicatorOptions world_options_;
   std::unique_ptr<Communicator> engine_comm_;  // ranks as threads: handed in
   CommunicatorFactory engine_factory_;         // ranks as threads: handed in
-  std::mutex engine_mutex_;
-  std::unique_ptr<Engine> engine_;  // declared last: destroyed first
+  std::mutex engine_mutex_;                    // engine_ and replica_groups_
+  int replica_groups_ = 0;                     // next_replica_prefix()'s counter
+  std::unique_ptr<Engine> engine_;             // declared last: destroyed first
 };
 
 // Process-wide default runtime (Horovod-style API). init() twice without
