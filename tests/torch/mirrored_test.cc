@@ -15,6 +15,9 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -275,6 +278,40 @@ TEST(MirroredErrors, AFailingReplicaEndsTheOthersAndTheStrategy) {
   EXPECT_NE(error.find("failed in an earlier run (replica 1: replica 1's data is corrupt)"),
             std::string::npos)
       << error;
+}
+
+// Through kolorun: tests/integration/mirrored_test.cc runs this binary as
+// `kolorun -np 2 kolo_torch_tests --gtest_filter=MirroredUnderKolorun.*`;
+// each process runs 2 replicas over the job's backend and checks them
+// against the single-process reference it computes itself (the data and the
+// initial model come from the same seed everywhere). Skipped when not
+// launched by kolorun.
+TEST(MirroredUnderKolorun, TwoProcessesOfTwoReplicasTrainAsOneProcess) {
+  if (std::getenv("KOLO_RANK") == nullptr)
+    GTEST_SKIP() << "run by tests/integration/mirrored_test.cc";
+  constexpr int kReplicas = 2;
+  init();
+  const int ranks = kolo::size();
+  const int rank = kolo::rank();
+  torch::manual_seed(11);
+  const ReplicaMlp initial;
+  const std::vector<Batch> batches = ot::make_batches(kSteps, ranks * kReplicas * kBatch);
+  ReplicaMlp expected = train_single(initial, batches, OptimizerKind::kAdam);
+  std::vector<ReplicaMlp> nets =
+      train_mirrored(initial, batches, OptimizerKind::kAdam, kReplicas, &runtime(), ranks, rank);
+  expect_replicas_equal(nets);
+  ot::expect_params_close(*nets[0], *expected, kRtol, kAtol, "replica 0");
+  // Every process ends with the same weights.
+  const std::string mine = model_bytes(*nets[0]);
+  std::vector<uint8_t> all(mine.size() * ranks);
+  runtime().world().allgather(mine.data(), all.data(), mine.size(), DType::kU8, {});
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_EQ(std::memcmp(all.data() + r * mine.size(), mine.data(), mine.size()), 0)
+        << "rank " << r;
+  }
+  std::printf("mirrored under kolorun: rank %d of %d, %d replicas, %s backend\n", rank, ranks,
+              kReplicas, runtime().world().backend());
+  shutdown();
 }
 
 }  // namespace
