@@ -128,8 +128,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cnn", "mlp"}));
   scaling_sub->add_option("--systems", scaling.systems, "systems to measure")
       ->delimiter(',')
-      ->check(CLI::IsMember({"kolo", "kolo_python", "kolo_balanced", "kolo_powersgd", "independent",
-                             "libtorch_1thread", "libtorch_2threads", "c10d_gloo", "pytorch_ddp"}));
+      ->check(CLI::IsMember({"kolo", "kolo_python", "kolo_balanced", "kolo_powersgd",
+                             "kolo_mirrored", "independent", "libtorch_1thread",
+                             "libtorch_2threads", "c10d_gloo", "pytorch_ddp"}));
   scaling_sub->add_option("--workers", scaling.workers, "worker counts")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
@@ -184,6 +185,7 @@ int main(int argc, char** argv) {
   scaling_sub->add_option("--store-path", scaling_worker.store_path)->group("");
   scaling_sub->add_flag("--balance", scaling_worker.balance)->group("");
   scaling_sub->add_option("--sync-dir", scaling_worker.sync_dir)->group("");
+  scaling_sub->add_option("--replicas", scaling_worker.replicas)->group("");
 #endif
 
 #ifdef KOLO_BENCH_HAVE_ZERO

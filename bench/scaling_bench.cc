@@ -172,6 +172,9 @@ struct Measurement {
   std::string batches;
   // kolo systems: the most bytes a worker handed to allreduce per step.
   double allreduced_bytes = 0;
+  // Per repeat: the resident memory of the configuration's processes, bytes
+  // (the sum over distinct pids of each one's peak; 0 = not reported).
+  std::vector<double> resident_bytes;
   std::string error;
 };
 
@@ -277,8 +280,19 @@ class Driver {
     std::vector<Command> commands;
     const std::string tag = config.model + "-" + config.system + "-" +
                             std::to_string(config.workers) + "-" + std::to_string(repeat);
-    if (config.system == "kolo" || config.system == "kolo_balanced" ||
-        config.system == "kolo_powersgd") {
+    if (config.system == "kolo_mirrored") {
+      // One process, the workers as its replicas.
+      Command c{
+          {kolorun_, "-np", "1", "--job-timeout", std::to_string(options_.config_timeout_s), self_},
+          thread_env};
+      c.argv.insert(c.argv.end(), worker_args.begin(), worker_args.end());
+      c.argv.insert(c.argv.end(),
+                    {"--system", "kolo", "--replicas", std::to_string(config.workers)});
+      if (options_.bucket_bytes >= 0)
+        c.argv.insert(c.argv.end(), {"--bucket-bytes", std::to_string(options_.bucket_bytes)});
+      commands.push_back(c);
+    } else if (config.system == "kolo" || config.system == "kolo_balanced" ||
+               config.system == "kolo_powersgd") {
       Command c{{kolorun_, "-np", std::to_string(config.workers), "--job-timeout",
                  std::to_string(options_.config_timeout_s), self_},
                 thread_env};
@@ -346,9 +360,12 @@ class Driver {
     double ips = 0, step_ms = 0;
     double slowest = std::numeric_limits<double>::infinity();
     int ranks = 0;
-    std::map<int, double> batches;  // by rank
+    std::map<int, double> batches;   // by rank
+    std::map<int, double> resident;  // by pid
     for (const std::string& out : run.outputs) {
       for (const nlohmann::json& row : json_lines(out)) {
+        if (row.contains("pid"))
+          resident[row.at("pid").get<int>()] = row.value("resident_bytes", 0.0);
         batches[row.value("rank", ranks)] = row.value("batch", 0.0);
         m->allreduced_bytes =
             std::max(m->allreduced_bytes, row.value("allreduced_bytes_per_step", 0.0));
@@ -368,6 +385,9 @@ class Driver {
     m->images_per_sec.push_back(ips);
     m->step_ms.push_back(step_ms);
     m->slowest_worker_images_per_sec.push_back(slowest);
+    double resident_sum = 0;
+    for (const auto& [pid, bytes] : resident) resident_sum += bytes;
+    m->resident_bytes.push_back(resident_sum);
     m->batches.clear();
     for (const auto& [rank, b] : batches)
       m->batches += (m->batches.empty() ? "" : "/") + format_fixed(b, 1);
@@ -477,8 +497,9 @@ int run_scaling_bench(const ScalingOptions& options) {
                  std::to_string(options.repeats) + " interleaved passes; " +
                  (options.synthetic ? "synthetic data" : "Fashion-MNIST") + ", " +
                  std::to_string(cores) + " cores";
-  report.columns = {"model",      "system",  "workers",    "threads/worker", "batch/worker",
-                    "images/sec", "step ms", "efficiency", "vs independent", "note"};
+  report.columns = {"model",          "system",      "workers", "threads/worker",
+                    "batch/worker",   "images/sec",  "step ms", "efficiency",
+                    "vs independent", "resident MB", "note"};
   for (size_t i = 0; i < configs.size(); ++i) {
     const Config& c = configs[i];
     const Measurement& m = measurements[i];
@@ -488,6 +509,9 @@ int run_scaling_bench(const ScalingOptions& options) {
     if (c.system == "kolo") note += std::string(note.empty() ? "" : ", ") + "DistributedOptimizer";
     if (c.system == "kolo_python")
       note += std::string(note.empty() ? "" : ", ") + "hvd.DistributedOptimizer (Python)";
+    if (c.system == "kolo_mirrored")
+      note +=
+          std::string(note.empty() ? "" : ", ") + "1 process, workers = MirroredStrategy replicas";
     if (c.system == "kolo_powersgd")
       note += std::string(note.empty() ? "" : ", ") + "PowerSGD rank " +
               std::to_string(options.powersgd_rank);
@@ -503,7 +527,7 @@ int run_scaling_bench(const ScalingOptions& options) {
     if (!m.error.empty() || m.images_per_sec.empty()) {
       row["error"] = m.error;
       report.add_row({c.model, c.system, std::to_string(c.workers), std::to_string(c.threads),
-                      std::to_string(batch), "-", "-", "-", "-", "failed: " + m.error},
+                      std::to_string(batch), "-", "-", "-", "-", "-", "failed: " + m.error},
                      row);
       continue;
     }
@@ -521,13 +545,19 @@ int run_scaling_bench(const ScalingOptions& options) {
     if (c.system == "independent")
       row["slowest_worker_images_per_sec"] = median(m.slowest_worker_images_per_sec);
     if (m.allreduced_bytes > 0) row["allreduced_bytes_per_step"] = m.allreduced_bytes;
+    const double resident = m.resident_bytes.empty() ? 0.0 : median(m.resident_bytes);
+    if (resident > 0) row["resident_bytes_per_host"] = resident;
     report.add_row(
         {c.model, c.system, std::to_string(c.workers), std::to_string(c.threads),
          std::to_string(batch), format_fixed(value, 1), format_fixed(median(m.step_ms), 1),
          base != ips.end() ? format_fixed(100 * efficiency, 1) + "%" : "-",
-         ceiling != ips.end() ? format_fixed(100 * vs_ceiling, 1) + "%" : "-", note},
+         ceiling != ips.end() ? format_fixed(100 * vs_ceiling, 1) + "%" : "-",
+         resident > 0 ? format_fixed(resident / 1e6, 0) : "-", note},
         row);
   }
+  report.notes.push_back(
+      "resident MB = the sum over the configuration's processes of each one's peak resident "
+      "set (VmHWM), all on this host: kolo_mirrored is one process for all its workers");
   report.notes.push_back(
       "efficiency = images/sec / (workers x kolo's 1-worker images/sec); vs independent = "
       "images/sec / that of the same number of independent processes (no gradient exchange: "
@@ -548,6 +578,8 @@ int run_scaling_bench(const ScalingOptions& options) {
     ratio("kolo_balanced x2 / independent x2", "kolo_balanced", 2, "independent", 2);
     ratio("kolo_balanced x2 / kolo x2", "kolo_balanced", 2, "kolo", 2);
     ratio("kolo_powersgd x2 / kolo x2", "kolo_powersgd", 2, "kolo", 2);
+    ratio("kolo_mirrored x2 / kolo x2", "kolo_mirrored", 2, "kolo", 2);
+    ratio("kolo_mirrored x4 / kolo x4", "kolo_mirrored", 4, "kolo", 4);
     ratio("kolo x2 / c10d_gloo x2", "kolo", 2, "c10d_gloo", 2);
     ratio("kolo x2 / pytorch_ddp x2", "kolo", 2, "pytorch_ddp", 2);
     ratio("kolo_python x2 / kolo x2", "kolo_python", 2, "kolo", 2);

@@ -20,6 +20,10 @@
 //                      --system kolo); only when python3 can import kolo.torch
 //   kolo_balanced      the same with kolo::BatchBalancer: the same global batch split
 //                      by each worker's measured speed (kolo/core/batch_balancer.h)
+//   kolo_mirrored      ONE process under kolorun with N in-process replicas
+//                      (kolo::MirroredStrategy, threads of the process, one copy of
+//                      the data set), --threads intra-op threads each, gradients
+//                      averaged between the threads; against kolo's N processes
 //   kolo_powersgd      kolo with the PowerSGD communication hook (rank
 //                      --powersgd-rank, from the first step after warm-up step 0);
 //                      the note gives the bytes each worker allreduces per step
@@ -33,6 +37,11 @@
 //                      rendezvous, allreduce of every gradient after backward()
 //   pytorch_ddp        N Python processes, DistributedDataParallel (gloo), from
 //                      bench/scaling_worker.py; only when python3 can import torch
+//
+// Every row also gives the resident memory of the configuration's processes
+// on the host: the sum over its processes of each one's peak resident set
+// (VmHWM), which is what N processes each holding the data set and a model
+// cost against one process holding the data set once (kolo_mirrored).
 #pragma once
 
 #include <cstdint>
@@ -43,9 +52,9 @@ namespace kolo::bench {
 
 struct ScalingOptions {
   std::vector<std::string> models = {"cnn", "mlp"};
-  std::vector<std::string> systems = {"kolo",          "kolo_python",      "kolo_balanced",
-                                      "kolo_powersgd", "independent",      "libtorch_1thread",
-                                      "libtorch_2threads", "c10d_gloo",    "pytorch_ddp"};
+  std::vector<std::string> systems = {
+      "kolo",        "kolo_python",      "kolo_balanced",     "kolo_powersgd", "kolo_mirrored",
+      "independent", "libtorch_1thread", "libtorch_2threads", "c10d_gloo",     "pytorch_ddp"};
   std::vector<int> workers = {1, 2, 4};
   int steps = 50;        // timed steps per worker
   int warmup_steps = 5;  // untimed steps first
@@ -85,6 +94,7 @@ struct ScalingWorkerOptions {
   bool balance = false;       // kolo: kolo::BatchBalancer splits the global batch
   int64_t bucket_bytes = -1;  // kolo: DistributedOptimizerOptions::bucket_bytes; < 0 = default
   int powersgd_rank = 0;      // kolo: > 0 = the PowerSGD hook at this rank
+  int replicas = 0;           // kolo: > 0 = this many in-process replicas (kolo_mirrored)
   // local with WORLD_SIZE > 1 (independent): a directory the workers share
   // (a kolo file store) to start timing together and to keep training until
   // all are done; waiting for the others to start ends after sync_timeout_s
@@ -98,7 +108,9 @@ struct ScalingWorkerOptions {
 int run_scaling_bench(const ScalingOptions& options);
 
 // One worker: trains and prints {"rank", "world", "images_per_sec", "step_ms"}
-// (plus "batch", this worker's mean images per step) as one JSON line on stdout. kolo workers take
+// (plus "batch", this worker's mean images per step, "pid" and
+// "resident_bytes", the process's peak resident set) as one JSON line on
+// stdout; with replicas > 0, one line per replica (the same pid). kolo workers take
 // their rank from kolorun; c10d_gloo and local workers from RANK and WORLD_SIZE (default 0 and 1).
 int run_scaling_worker(const ScalingWorkerOptions& options);
 

@@ -5,23 +5,27 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
-#include <vector>
+#include <string>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <vector>
 
 #include "fashion_mnist_data.h"  // examples/fashion_mnist, compiled into kolo-bench
 #include "kolo/core/batch_balancer.h"
 #include "kolo/core/runtime.h"
 #include "kolo/core/store.h"
 #include "kolo/torch/broadcast.h"
+#include "kolo/torch/mirrored.h"
 #include "kolo/torch/optimizer.h"
 #include "scaling_bench.h"
 #include "scaling_models.h"
@@ -84,6 +88,91 @@ Trainee make_trainee(const std::string& model) {
   return t;
 }
 
+// This process's peak resident memory (VmHWM), bytes; 0 if unknown.
+double peak_resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) * 1024;  // kB
+  }
+  return 0;
+}
+
+// The images and labels of rows [start, start + count), images as float in [0, 1].
+std::pair<torch::Tensor, torch::Tensor> batch_of(const Data& data, int64_t start, int64_t count) {
+  return {data.images.slice(0, start, start + count).to(torch::kFloat).div_(255.0),
+          data.labels.slice(0, start, start + count)};
+}
+
+// Step k's global batch of `global` images is a contiguous slice of the data
+// (wrapping around); where the part at `offset` in it starts.
+int64_t batch_start(const Data& data, int64_t step, int64_t global, int64_t offset) {
+  return (step * global + offset) % (data.images.size(0) - global);
+}
+
+// kolo_mirrored: `options.replicas` replicas of the model as threads of this
+// process (kolo::MirroredStrategy), one data set in memory, --threads each;
+// one JSON row per replica, as if each were a worker process.
+int run_mirrored_worker(const ScalingWorkerOptions& options, const Data& data) {
+  kolo::init();  // kolorun -np 1: the replicas' world is this process's
+  kolo::MirroredOptions mirrored;
+  mirrored.replicas = options.replicas;
+  mirrored.threads_per_replica = options.threads;
+  kolo::MirroredStrategy strategy(mirrored);
+  // Every replica's model (the models are not torch::nn::Cloneable; replica
+  // 0's weights are broadcast below), built here: torch's generator is global.
+  std::vector<Trainee> trainees;
+  for (int r = 0; r < strategy.replicas(); ++r) trainees.push_back(make_trainee(options.model));
+  const int64_t batch = options.batch;
+  const int64_t global = batch * strategy.num_replicas_in_sync();
+  if (data.images.size(0) <= global)
+    throw std::invalid_argument(
+        "kolo-bench scaling --worker: " + std::to_string(data.images.size(0)) +
+        " images cannot fill a global batch of " + std::to_string(global));
+  std::vector<nlohmann::json> rows(strategy.replicas());
+  strategy.run([&](kolo::ReplicaContext& replica) {
+    Trainee& trainee = trainees[replica.replica()];
+    trainee.module->train();
+    kolo::broadcast_parameters(*trainee.module, /*root=*/0, replica.options());
+    auto distributed = replica.options<kolo::DistributedOptimizerOptions>();
+    if (options.bucket_bytes >= 0) distributed.bucket_bytes = options.bucket_bytes;
+    kolo::DistributedOptimizer optimizer(*trainee.optimizer, trainee.module->named_parameters(),
+                                         distributed);
+    auto train_step = [&](int64_t step) {
+      const auto [images, labels] =
+          batch_of(data, batch_start(data, step, global, replica.rank() * batch), batch);
+      optimizer.zero_grad();
+      torch::nn::functional::cross_entropy(trainee.forward(images), labels).backward();
+      optimizer.step();
+    };
+    int64_t step = 0;
+    for (int i = 0; i < options.warmup_steps; ++i) train_step(step++);
+    const Clock::time_point start = Clock::now();
+    for (int i = 0; i < options.steps; ++i) train_step(step++);
+    const double elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
+    rows[replica.replica()] = {{"rank", replica.rank()},
+                               {"world", replica.size()},
+                               {"threads", options.threads},
+                               {"batch", batch},
+                               {"images_per_sec", batch * options.steps / elapsed_s},
+                               {"step_ms", 1000.0 * elapsed_s / options.steps}};
+  });
+  int64_t bytes = 0;
+  for (const torch::Tensor& p : trainees[0].module->parameters()) {
+    bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  }
+  const double resident = peak_resident_bytes();
+  for (nlohmann::json& row : rows) {
+    row["allreduced_bytes_per_step"] = bytes;
+    row["pid"] = getpid();
+    row["resident_bytes"] = resident;
+    std::printf("%s\n", row.dump().c_str());
+  }
+  std::fflush(stdout);
+  kolo::shutdown();
+  return 0;
+}
+
 }  // namespace
 
 int run_scaling_worker(const ScalingWorkerOptions& options) {
@@ -93,6 +182,8 @@ int run_scaling_worker(const ScalingWorkerOptions& options) {
   if (!use_kolo && !use_c10d && options.system != "local")
     throw std::invalid_argument("kolo-bench scaling --worker: unknown --system '" + options.system +
                                 "' (kolo, c10d_gloo or local)");
+
+  if (use_kolo && options.replicas > 0) return run_mirrored_worker(options, load_data(options));
 
   int rank = env_int("RANK", 0);
   int world = env_int("WORLD_SIZE", 1);
@@ -161,12 +252,10 @@ int run_scaling_worker(const ScalingWorkerOptions& options) {
     // Step k's global batch is a contiguous slice; rank r takes its part.
     const int64_t count = balancer ? balancer->batch() : batch;
     const int64_t offset = balancer ? balancer->offset() : rank * batch;
-    const int64_t start = (step_index * global + offset) % (n - global);
+    const int64_t start = batch_start(data, step_index, global, offset);
     ++step_index;
     const Clock::time_point compute_start = Clock::now();
-    const torch::Tensor images =
-        data.images.slice(0, start, start + count).to(torch::kFloat).div_(255.0);
-    const torch::Tensor labels = data.labels.slice(0, start, start + count);
+    const auto [images, labels] = batch_of(data, start, count);
     if (kolo_optimizer)
       kolo_optimizer->zero_grad();
     else
@@ -200,7 +289,8 @@ int run_scaling_worker(const ScalingWorkerOptions& options) {
   // keep training, untimed, until the last one has finished (through kolo's
   // file store in the directory the driver gives them).
   std::shared_ptr<kolo::Store> side_by_side;
-  if (!options.sync_dir.empty() && world > 1) side_by_side = kolo::make_file_store(options.sync_dir);
+  if (!options.sync_dir.empty() && world > 1)
+    side_by_side = kolo::make_file_store(options.sync_dir);
   auto all_ranks = [&](const std::string& what) {
     std::vector<std::string> keys;
     for (int r = 0; r < world; ++r) keys.push_back(what + "." + std::to_string(r));
@@ -228,7 +318,9 @@ int run_scaling_worker(const ScalingWorkerOptions& options) {
                         {"threads", options.threads},
                         {"batch", static_cast<double>(images) / options.steps},
                         {"images_per_sec", static_cast<double>(images) / elapsed_s},
-                        {"step_ms", 1000.0 * elapsed_s / options.steps}};
+                        {"step_ms", 1000.0 * elapsed_s / options.steps},
+                        {"pid", getpid()},
+                        {"resident_bytes", peak_resident_bytes()}};
   if (use_kolo) {
     // What this worker hands to allreduce per step: every gradient, or
     // PowerSGD's factors and uncompressed rest (float32 elements).
