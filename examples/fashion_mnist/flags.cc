@@ -91,6 +91,17 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& flags) {
                  "--elastic: stop once the commit at EPOCH:STEP (1-based epoch, steps done) is "
                  "made, e.g. to replay one round of an elastic run (kolo-bench chaos)")
       ->type_name("EPOCH:STEP");
+  app.add_option("--strategy", flags.strategy,
+                 "allreduce: one worker per process (kolorun -np N); mirrored: --replicas "
+                 "workers per process as threads sharing its one copy of the data "
+                 "(kolo::MirroredStrategy, docs/strategies.md)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"allreduce", "mirrored"}));
+  app.add_option("--replicas", flags.replicas,
+                 "--strategy mirrored: workers per process (--batch-size and --threads are "
+                 "per replica)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -121,6 +132,13 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& flags) {
         "the optimizer's state across a fixed set of workers, while an elastic commit holds the "
         "whole state on every worker; use --zero-stage 0 (the default) with --elastic\n",
         flags.zero_stage);
+    return 2;
+  }
+  if (flags.elastic && flags.strategy != "allreduce") {
+    std::fprintf(stderr,
+                 "fashion_mnist: --elastic trains one worker per process; drop --strategy %s "
+                 "or --elastic\n",
+                 flags.strategy.c_str());
     return 2;
   }
   return std::nullopt;

@@ -33,6 +33,8 @@ struct Flags {
   bool elastic = false;       // train with kolo::elastic::run (kolorun --min-np/--max-np)
   int64_t commit_every = 20;  // --elastic: steps between commits
   std::string stop_at;  // --elastic: "EPOCH:STEP" (1-based epoch) to stop at, after its commit
+  std::string strategy = "allreduce";  // allreduce (a worker per process) or mirrored
+  int replicas = 2;                    // --strategy mirrored: workers per process, as threads
 };
 
 // Parses the command line into `flags`; returns the exit code when the

@@ -23,6 +23,8 @@
 //      learning-rate warmup, metrics averaged across workers, rank 0 prints
 //      and saves checkpoints (and resumes from them)
 //
+// With --strategy mirrored each process runs --replicas workers as threads
+// that share its one copy of the data (kolo::MirroredStrategy, mirrored.cc).
 // With --elastic (under kolorun --min-np/--max-np) the same training survives
 // workers dying and joining: elastic.cc and docs/elastic.md. With --balance
 // the global batch is split by each worker's measured speed
@@ -38,6 +40,7 @@
 
 #include "flags.h"
 #include "kolo/torch.h"
+#include "mirrored.h"
 #include "model.h"
 #include "optimizer_choice.h"
 #include "training.h"
@@ -109,15 +112,11 @@ class Report : public kolo::Callback {
   std::vector<EpochRecord> records_;
 };
 
-int run(const Flags& flags) {
-  // --- 1. Initialise kolo; one worker per process, `threads` cores each ----
-  kolo::init_torch();  // rank, size from kolorun, mpirun, srun, torchrun; else a world of one
-  torch::set_num_threads(threads_of(flags));  // libtorch defaults to 1 thread here
-  keep_freed_memory();
-
-  // --- 2. Data: every worker reads the files ---------------------------------
-  const auto [train, test] = load_data(flags);
-
+// Steps 3-7 of the recipe: one worker's training, its kolo calls on `where`
+// (the default engine for a worker process; a replica's engine with
+// --strategy mirrored).
+void fit(const Flags& flags, const kolo::Dataset& train, const kolo::Dataset& test,
+         const kolo::CallOptions& where) {
   // --- 3. The model: the seed's Keras CNN (model.h) --------------------------
   //   Conv2D(32, 3x3, ReLU) -> Conv2D(64, 3x3, ReLU) -> MaxPool(2x2) -> Dropout(0.25)
   //   -> Flatten -> Dense(128, ReLU) -> Dropout(0.5) -> Dense(10)
@@ -131,8 +130,8 @@ int run(const Flags& flags) {
   // --- 5. Same starting point on every worker ----------------------------------
   // Rank 0's weights and optimizer state (none yet before the first step; a
   // checkpoint overwrites both). Before step 6: ZeRO shards what it wraps.
-  kolo::broadcast_parameters(*model, /*root=*/0);
-  kolo::broadcast_optimizer_state(*base_optimizer, /*root=*/0);
+  kolo::broadcast_parameters(*model, /*root=*/0, where);
+  kolo::broadcast_optimizer_state(*base_optimizer, /*root=*/0, where);
 
   // --- 6. The distributed optimizer ---------------------------------------------
   // backward() hands the gradients to kolo's engine in buckets (DDP's 25 MiB
@@ -142,15 +141,17 @@ int run(const Flags& flags) {
   // --zero-stage 1-3 the same call builds a kolo::ZeroOptimizer, which shards
   // the optimizer's state (and the gradients, and the parameters) instead.
   kolo::ParallelOptimizerOptions optimizer_options;
+  static_cast<kolo::CallOptions&>(optimizer_options) = where;
   optimizer_options.zero_stage = flags.zero_stage;
   optimizer_options.compression = kolo::parse_compression(flags.compression);
   const std::unique_ptr<kolo::ParallelOptimizer> optimizer =
       kolo::make_parallel_optimizer(*base_optimizer, *model, optimizer_options);
   // Dropout masks differ per worker (the weights are already identical).
-  torch::manual_seed(flags.seed + 1000003ULL * static_cast<uint64_t>(kolo::rank() + 1));
+  torch::manual_seed(flags.seed + 1000003ULL * static_cast<uint64_t>(optimizer->rank() + 1));
 
   // --- 7. Train: Keras' fit with Horovod's callbacks ----------------------------
   kolo::TrainerOptions options;
+  static_cast<kolo::CallOptions&>(options) = where;
   options.epochs = flags.epochs;
   options.batch_size = flags.batch_size;  // per worker
   options.sampling.seed = flags.seed;     // each epoch a new order, the same on every worker
@@ -183,6 +184,24 @@ int run(const Flags& flags) {
     trainer.add(std::make_shared<kolo::ModelCheckpoint>(checkpoint));
   }
   trainer.fit(train, &test);
+}
+
+int run(const Flags& flags) {
+  // --- 1. Initialise kolo; one worker per process, `threads` cores each ----
+  kolo::init_torch();  // rank, size from kolorun, mpirun, srun, torchrun; else a world of one
+  keep_freed_memory();
+
+  // --- 2. Data: every process reads the files --------------------------------
+  const auto [train, test] = load_data(flags);
+
+  if (flags.strategy == "mirrored") {
+    // --replicas workers as threads of this process, on the one copy of the
+    // data (mirrored.cc); each runs steps 3-7 on its own engine.
+    run_replicas(flags, [&](const kolo::CallOptions& where) { fit(flags, train, test, where); });
+  } else {
+    torch::set_num_threads(threads_of(flags));  // libtorch defaults to 1 thread here
+    fit(flags, train, test, kolo::CallOptions{});
+  }
   kolo::shutdown();
   return 0;
 }
