@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
   scaling_sub->add_option("--systems", scaling.systems, "systems to measure")
       ->delimiter(',')
       ->check(CLI::IsMember({"kolo", "kolo_python", "kolo_balanced", "kolo_powersgd",
-                             "kolo_mirrored", "independent", "libtorch_1thread",
+                             "kolo_mirrored", "kolo_fp16", "independent", "libtorch_1thread",
                              "libtorch_2threads", "c10d_gloo", "pytorch_ddp"}));
   scaling_sub->add_option("--workers", scaling.workers, "worker counts")
       ->delimiter(',')
@@ -174,6 +174,14 @@ int main(int argc, char** argv) {
                           "tree's python/)");
   scaling_sub->add_option("--kolorun", scaling.kolorun, "path of kolorun");
   scaling_sub
+      ->add_option("--hosts", scaling.hosts,
+                   "also run kolo, kolo_fp16 and pytorch_ddp with the workers spread over these "
+                   "hosts (sharing this file system), next to this machine")
+      ->delimiter(',');
+  scaling_sub->add_option("--ssh-command", scaling.ssh_command, "how to reach --hosts")
+      ->capture_default_str();
+  scaling_sub->add_option("--link", scaling.link, "the hosts' link, named in the table");
+  scaling_sub
       ->add_option("--python", scaling.python,
                    "interpreter with PyTorch for pytorch_ddp and kolo_python")
       ->capture_default_str();
@@ -186,6 +194,7 @@ int main(int argc, char** argv) {
   scaling_sub->add_flag("--balance", scaling_worker.balance)->group("");
   scaling_sub->add_option("--sync-dir", scaling_worker.sync_dir)->group("");
   scaling_sub->add_option("--replicas", scaling_worker.replicas)->group("");
+  scaling_sub->add_option("--compression", scaling_worker.compression)->group("");
 #endif
 
 #ifdef KOLO_BENCH_HAVE_ZERO

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
+#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -158,8 +159,22 @@ struct Config {
   std::string model;
   std::string system;
   int workers = 1;
-  int threads = 1;  // per worker
+  int threads = 1;      // per worker
+  bool across = false;  // workers spread over ScalingOptions::hosts
 };
+
+// The systems that also run across hosts.
+bool runs_across_hosts(const std::string& system) {
+  return system == "kolo" || system == "kolo_fp16" || system == "pytorch_ddp";
+}
+
+// Words of a command line such as "ssh -F /run/kolo-hosts/ssh_config".
+std::vector<std::string> split_words(const std::string& text) {
+  std::vector<std::string> words;
+  std::istringstream in(text);
+  for (std::string word; in >> word;) words.push_back(word);
+  return words;
+}
 
 struct Measurement {
   std::vector<double> images_per_sec;  // one per repeat
@@ -247,8 +262,13 @@ class Driver {
         }
         for (int w : options_.workers) {
           // Nothing to balance, nothing to compress.
-          if ((system == "kolo_balanced" || system == "kolo_powersgd") && w == 1) continue;
+          if ((system == "kolo_balanced" || system == "kolo_powersgd" || system == "kolo_fp16") &&
+              w == 1)
+            continue;
           list.push_back({model, system, w, options_.threads});
+          const int hosts = static_cast<int>(options_.hosts.size());
+          if (hosts > 1 && runs_across_hosts(system) && w % hosts == 0)
+            list.push_back({model, system, w, options_.threads, true});
         }
       }
     }
@@ -279,7 +299,22 @@ class Driver {
 
     std::vector<Command> commands;
     const std::string tag = config.model + "-" + config.system + "-" +
-                            std::to_string(config.workers) + "-" + std::to_string(repeat);
+                            std::to_string(config.workers) + (config.across ? "-hosts-" : "-") +
+                            std::to_string(repeat);
+    // Across hosts: kolorun's placement and ssh, and the worker environment
+    // passed on with -x (remote workers get only what kolorun forwards).
+    std::vector<std::string> placement;
+    const int per_host =
+        config.across ? config.workers / static_cast<int>(options_.hosts.size()) : 0;
+    if (config.across) {
+      std::string list;
+      for (const std::string& host : options_.hosts)
+        list += (list.empty() ? "" : ",") + host + ":" + std::to_string(per_host);
+      placement = {"-H", list, "--ssh-command", options_.ssh_command};
+      for (const auto& [name, value] : thread_env) {
+        placement.insert(placement.end(), {"-x", name + "=" + value});
+      }
+    }
     if (config.system == "kolo_mirrored") {
       // One process, the workers as its replicas.
       Command c{
@@ -292,15 +327,18 @@ class Driver {
         c.argv.insert(c.argv.end(), {"--bucket-bytes", std::to_string(options_.bucket_bytes)});
       commands.push_back(c);
     } else if (config.system == "kolo" || config.system == "kolo_balanced" ||
-               config.system == "kolo_powersgd") {
+               config.system == "kolo_powersgd" || config.system == "kolo_fp16") {
       Command c{{kolorun_, "-np", std::to_string(config.workers), "--job-timeout",
-                 std::to_string(options_.config_timeout_s), self_},
+                 std::to_string(options_.config_timeout_s)},
                 thread_env};
+      c.argv.insert(c.argv.end(), placement.begin(), placement.end());
+      c.argv.push_back(self_);
       c.argv.insert(c.argv.end(), worker_args.begin(), worker_args.end());
       c.argv.insert(c.argv.end(), {"--system", "kolo"});
       if (config.system == "kolo_balanced") c.argv.push_back("--balance");
       if (config.system == "kolo_powersgd")
         c.argv.insert(c.argv.end(), {"--powersgd-rank", std::to_string(options_.powersgd_rank)});
+      if (config.system == "kolo_fp16") c.argv.insert(c.argv.end(), {"--compression", "fp16"});
       if (options_.bucket_bytes >= 0)
         c.argv.insert(c.argv.end(), {"--bucket-bytes", std::to_string(options_.bucket_bytes)});
       commands.push_back(c);
@@ -331,11 +369,20 @@ class Driver {
       }
       const std::string port = std::to_string(free_port());
       for (int r = 0; !kolo && r < config.workers; ++r) {
-        Command c{python_args, thread_env};
-        c.env.insert(c.env.end(), {{"RANK", std::to_string(r)},
-                                   {"WORLD_SIZE", std::to_string(config.workers)},
-                                   {"MASTER_ADDR", "127.0.0.1"},
-                                   {"MASTER_PORT", port}});
+        std::vector<std::pair<std::string, std::string>> env = thread_env;
+        env.insert(env.end(), {{"RANK", std::to_string(r)},
+                               {"WORLD_SIZE", std::to_string(config.workers)},
+                               {"MASTER_ADDR", config.across ? options_.hosts[0] : "127.0.0.1"},
+                               {"MASTER_PORT", port}});
+        if (!config.across) {
+          commands.push_back({python_args, env});
+          continue;
+        }
+        // By hand on its host: ssh HOST env NAME=VALUE... python3 worker args.
+        Command c{split_words(options_.ssh_command), {}};
+        c.argv.insert(c.argv.end(), {options_.hosts[r / per_host], "env"});
+        for (const auto& [name, value] : env) c.argv.push_back(name + "=" + value);
+        c.argv.insert(c.argv.end(), python_args.begin(), python_args.end());
         commands.push_back(c);
       }
     } else {
@@ -403,8 +450,9 @@ class Driver {
   std::string scratch_;
 };
 
-std::string config_key(const std::string& model, const std::string& system, int workers) {
-  return model + "/" + system + "/" + std::to_string(workers);
+std::string config_key(const std::string& model, const std::string& system, int workers,
+                       bool across = false) {
+  return model + "/" + system + "/" + std::to_string(workers) + (across ? "/hosts" : "");
 }
 
 void write_plot(const ScalingOptions& options, const std::vector<nlohmann::json>& rows,
@@ -484,7 +532,8 @@ int run_scaling_bench(const ScalingOptions& options) {
   std::map<std::string, double> slowest;  // by config_key: the slowest worker's images/sec
   for (size_t i = 0; i < configs.size(); ++i) {
     if (measurements[i].error.empty() && !measurements[i].images_per_sec.empty()) {
-      const std::string key = config_key(configs[i].model, configs[i].system, configs[i].workers);
+      const std::string key =
+          config_key(configs[i].model, configs[i].system, configs[i].workers, configs[i].across);
       ips[key] = median(measurements[i].images_per_sec);
       slowest[key] = median(measurements[i].slowest_worker_images_per_sec);
     }
@@ -506,7 +555,12 @@ int run_scaling_bench(const ScalingOptions& options) {
     const int batch = c.model == "cnn" ? options.cnn_batch : options.mlp_batch;
     const bool oversubscribed = static_cast<unsigned>(c.workers * c.threads) > cores;
     std::string note = oversubscribed ? "oversubscribed" : "";
+    if (c.across)
+      note += std::string(note.empty() ? "" : ", ") + std::to_string(options.hosts.size()) +
+              " hosts" + (options.link.empty() ? "" : " (" + options.link + ")");
     if (c.system == "kolo") note += std::string(note.empty() ? "" : ", ") + "DistributedOptimizer";
+    if (c.system == "kolo_fp16")
+      note += std::string(note.empty() ? "" : ", ") + "DistributedOptimizer, fp16 compression";
     if (c.system == "kolo_python")
       note += std::string(note.empty() ? "" : ", ") + "hvd.DistributedOptimizer (Python)";
     if (c.system == "kolo_mirrored")
@@ -521,9 +575,14 @@ int run_scaling_bench(const ScalingOptions& options) {
     if (c.system == "kolo_balanced" && !m.batches.empty())
       note +=
           std::string(note.empty() ? "" : ", ") + "BatchBalancer, images/step by rank " + m.batches;
-    nlohmann::json row = {{"model", c.model},          {"system", c.system},
-                          {"workers", c.workers},      {"threads_per_worker", c.threads},
-                          {"batch_per_worker", batch}, {"oversubscribed", oversubscribed}};
+    nlohmann::json row = {{"model", c.model},
+                          {"system", c.system},
+                          {"workers", c.workers},
+                          {"threads_per_worker", c.threads},
+                          {"batch_per_worker", batch},
+                          {"oversubscribed", oversubscribed},
+                          {"hosts", c.across ? static_cast<int>(options.hosts.size()) : 1},
+                          {"link", c.across ? options.link : "this host"}};
     if (!m.error.empty() || m.images_per_sec.empty()) {
       row["error"] = m.error;
       report.add_row({c.model, c.system, std::to_string(c.workers), std::to_string(c.threads),
@@ -565,9 +624,10 @@ int run_scaling_bench(const ScalingOptions& options) {
   // The ratios, per model: kolo against each baseline.
   for (const std::string& model : options.models) {
     auto ratio = [&](const std::string& what, const std::string& system, int workers,
-                     const std::string& base_system, int base_workers) {
-      const auto a = ips.find(config_key(model, system, workers));
-      const auto b = ips.find(config_key(model, base_system, base_workers));
+                     const std::string& base_system, int base_workers, bool across = false,
+                     bool base_across = false) {
+      const auto a = ips.find(config_key(model, system, workers, across));
+      const auto b = ips.find(config_key(model, base_system, base_workers, base_across));
       if (a == ips.end() || b == ips.end()) return;
       report.notes.push_back(model + ": " + what + " = " + format_fixed(a->second / b->second, 2) +
                              "x");
@@ -580,6 +640,20 @@ int run_scaling_bench(const ScalingOptions& options) {
     ratio("kolo_powersgd x2 / kolo x2", "kolo_powersgd", 2, "kolo", 2);
     ratio("kolo_mirrored x2 / kolo x2", "kolo_mirrored", 2, "kolo", 2);
     ratio("kolo_mirrored x4 / kolo x4", "kolo_mirrored", 4, "kolo", 4);
+    // Across hosts (the same workers on this machine are the reference).
+    const int h = static_cast<int>(options.hosts.size());
+    if (h > 1) {
+      const std::string x = " x" + std::to_string(h);
+      const std::string on_hosts = x + " on " + std::to_string(h) + " hosts";
+      ratio("kolo" + on_hosts + " / kolo" + x + " on this host", "kolo", h, "kolo", h, true);
+      ratio("pytorch_ddp" + on_hosts + " / pytorch_ddp" + x + " on this host", "pytorch_ddp", h,
+            "pytorch_ddp", h, true);
+      ratio("kolo" + on_hosts + " / pytorch_ddp" + on_hosts, "kolo", h, "pytorch_ddp", h, true,
+            true);
+      ratio("kolo_fp16" + on_hosts + " / kolo" + on_hosts, "kolo_fp16", h, "kolo", h, true, true);
+      ratio("kolo_fp16" + on_hosts + " / pytorch_ddp" + on_hosts, "kolo_fp16", h, "pytorch_ddp", h,
+            true, true);
+    }
     ratio("kolo x2 / c10d_gloo x2", "kolo", 2, "c10d_gloo", 2);
     ratio("kolo x2 / pytorch_ddp x2", "kolo", 2, "pytorch_ddp", 2);
     ratio("kolo_python x2 / kolo x2", "kolo_python", 2, "kolo", 2);
@@ -620,8 +694,12 @@ int run_scaling_bench(const ScalingOptions& options) {
                        "` (a plain process: it starts every configuration's workers itself, "
                        "kolo's through kolorun)\n\n**" +
                        report.title + "**\n\n" + report.markdown() + "\n";
-    write_docs_section(options.docs_path, "scaling", body);
-    std::cout << "wrote the scaling section of " << options.docs_path << "\n";
+    // Across hosts, a section per link ("scaling-hosts-1gbit").
+    const std::string section =
+        options.hosts.size() > 1 ? "scaling-hosts-" + (options.link.empty() ? "link" : options.link)
+                                 : "scaling";
+    write_docs_section(options.docs_path, section, body);
+    std::cout << "wrote the " << section << " section of " << options.docs_path << "\n";
   }
   for (const Measurement& m : measurements)
     if (!m.error.empty()) return 1;

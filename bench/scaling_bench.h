@@ -37,11 +37,22 @@
 //                      rendezvous, allreduce of every gradient after backward()
 //   pytorch_ddp        N Python processes, DistributedDataParallel (gloo), from
 //                      bench/scaling_worker.py; only when python3 can import torch
+//   kolo_fp16          kolo with fp16 gradient compression
+//                      (DistributedOptimizerOptions::compression); not by default
 //
 // Every row also gives the resident memory of the configuration's processes
 // on the host: the sum over its processes of each one's peak resident set
 // (VmHWM), which is what N processes each holding the data set and a model
 // cost against one process holding the data set once (kolo_mirrored).
+//
+// Across hosts (--hosts h1,h2 [--ssh-command CMD] [--link NAME]): each
+// configuration of kolo, kolo_fp16 and pytorch_ddp whose worker count the
+// hosts divide also runs with its workers spread evenly over the hosts, next
+// to the same workers on this machine: kolo's through kolorun -H over the ssh
+// command, DDP's ranks started by hand over ssh with MASTER_ADDR = the first
+// host (Debian's torchrun does not run on its Python 3.11). The hosts share
+// this machine's file system (the build and the data at the same paths), as
+// scripts/test_hosts.sh's do; docs/hosts.md#training-across-hosts.
 #pragma once
 
 #include <cstdint>
@@ -64,7 +75,10 @@ struct ScalingOptions {
   int mlp_batch = 16;    // per-worker batch of the MLP (SGD)
   // kolo systems: DistributedOptimizerOptions::bucket_bytes; < 0 = kolo's default.
   int64_t bucket_bytes = -1;
-  int powersgd_rank = 4;   // kolo_powersgd: PowerSGDOptions::rank
+  int powersgd_rank = 4;           // kolo_powersgd: PowerSGDOptions::rank
+  std::vector<std::string> hosts;  // across hosts: see the file comment; empty = this machine only
+  std::string ssh_command = "ssh";
+  std::string link;        // the hosts' link, named in the table ("1gbit")
   bool synthetic = false;  // random data of Fashion-MNIST's shape instead of the files
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   int config_timeout_s = 900;  // a configuration running longer is killed and reported
@@ -95,6 +109,7 @@ struct ScalingWorkerOptions {
   int64_t bucket_bytes = -1;  // kolo: DistributedOptimizerOptions::bucket_bytes; < 0 = default
   int powersgd_rank = 0;      // kolo: > 0 = the PowerSGD hook at this rank
   int replicas = 0;           // kolo: > 0 = this many in-process replicas (kolo_mirrored)
+  std::string compression = "none";  // kolo: DistributedOptimizerOptions::compression
   // local with WORLD_SIZE > 1 (independent): a directory the workers share
   // (a kolo file store) to start timing together and to keep training until
   // all are done; waiting for the others to start ends after sync_timeout_s

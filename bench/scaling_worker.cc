@@ -204,6 +204,7 @@ int run_scaling_worker(const ScalingWorkerOptions& options) {
     kolo::broadcast_parameters(*trainee.module, /*root=*/0);
     kolo::DistributedOptimizerOptions distributed;
     if (options.bucket_bytes >= 0) distributed.bucket_bytes = options.bucket_bytes;
+    distributed.compression = kolo::parse_compression(options.compression);
     if (options.powersgd_rank > 0) {
       kolo::PowerSGDOptions psgd;
       psgd.rank = options.powersgd_rank;

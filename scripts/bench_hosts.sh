@@ -10,13 +10,18 @@
 # (docs/scale.md). Tears the hosts down.
 #
 #   scripts/bench_hosts.sh [--build DIR] [--data DIR] [--docs FILE] [--quick]
-#                          [CONFIG...]
+#                          [--training RATES] [CONFIG...]
 #
 # CONFIG = HOSTSxRANKS@RATE[:BACKENDS], e.g. 2x2@1gbit or 2x2@1gbit:gloo;
 # RATE = unshaped or a tc rate (10gbit, 1gbit, 500mbit); BACKENDS = gloo,
 # mpi or gloo+mpi (default). Default configs: the measured set (2x2 unshaped,
 # 10gbit and 1gbit, both backends) and the model's held-out set (2x2 at
 # 2gbit, 3x2 at 1gbit; gloo). --quick: sizes up to 4 MiB, for a smoke run.
+# --training RATES (e.g. 10gbit,1gbit; "none" to skip, the default when
+# CONFIGs are given): after the collectives, `kolo-bench scaling` trains the
+# seed CNN and the MLP on 2 hosts x 1 worker at each rate (kolo, kolo with
+# fp16 compression, PyTorch DDP started over ssh), next to the same 2 workers
+# on this machine; a docs section per rate.
 # Needs root (exit 77 otherwise, like test_hosts.sh). Runs under
 # flock /tmp/kolo-bench.lock, so two benchmarks never share the machine.
 set -euo pipefail
@@ -30,6 +35,7 @@ BUILD=$ROOT/build
 DATA=$ROOT/docs/hosts_data
 DOCS=$ROOT/docs/hosts.md
 MAX_BYTES=$((256 << 20))
+TRAINING=""
 CONFIGS=()
 while (($#)); do
   case $1 in
@@ -37,12 +43,17 @@ while (($#)); do
   --data) DATA=$2; shift 2 ;;
   --docs) DOCS=$2; shift 2 ;;
   --quick) MAX_BYTES=$((4 << 20)); shift ;;
+  --training) TRAINING=$2; shift 2 ;;
   -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
   -*) echo "bench_hosts: unknown option '$1' (see --help)" >&2; exit 2 ;;
   *) CONFIGS+=("$1"); shift ;;
   esac
 done
-((${#CONFIGS[@]})) || CONFIGS=(2x2@unshaped 2x2@10gbit 2x2@1gbit 2x2@2gbit:gloo 3x2@1gbit:gloo)
+if ((${#CONFIGS[@]} == 0)); then
+  CONFIGS=(2x2@unshaped 2x2@10gbit 2x2@1gbit 2x2@2gbit:gloo 3x2@1gbit:gloo)
+  TRAINING=${TRAINING:-10gbit,1gbit}
+fi
+[[ $TRAINING != none ]] || TRAINING=""
 
 if ((EUID != 0)); then
   echo "bench_hosts: needs root (network namespaces, tc, sshd); skipped" >&2
@@ -82,5 +93,13 @@ for config in "${CONFIGS[@]}"; do
     "${launch[@]}" "${bench[@]}" "${extra[@]}" | grep '^{' >"$out.new"
     mv "$out.new" "$out"
   done
+done
+
+for rate in ${TRAINING//,/ }; do
+  echo "bench_hosts: training on 2 hosts x 1 worker, link $rate" >&2
+  "$HOSTS_SCRIPT" up 2 --rate "$rate" --holder $$ >/dev/null
+  "$BUILD/bench/kolo-bench" scaling --models cnn,mlp --systems kolo,kolo_fp16,pytorch_ddp \
+    --workers 2 --steps 30 --repeats 2 --hosts kolo-h1,kolo-h2 \
+    --ssh-command "ssh -F /run/kolo-hosts/ssh_config" --link "$rate" --docs "$DOCS"
 done
 echo "bench_hosts: JSON rows in $DATA; sections written to $DOCS" >&2
