@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -143,9 +144,11 @@ int run_elastic(const Flags& flags) {
     const kolo::LrSchedule schedule(
         schedule_of(flags, choice, workers,
                     (train_size + flags.batch_size * workers - 1) / (flags.batch_size * workers)));
-    // Evaluation as the Trainer does it (kolo::Trainer::evaluate); its
-    // training loop is this round's own, below.
-    kolo::Trainer evaluator(*model, forward, loss_of, optimizer, {});
+    // The Trainer's step (train_on_batch) and evaluation; the loop over the
+    // epoch's remaining steps, the commits and the totals are this round's own.
+    kolo::TrainerOptions trainer_options;
+    trainer_options.autocast_bf16 = flags.precision == "bf16";
+    kolo::Trainer trainer(*model, forward, loss_of, optimizer, trainer_options);
     // Dropout's masks: seeded by the rank and the point the round resumes
     // from, so that a world of the same size resuming from the same commit
     // trains exactly alike (kolo-bench chaos replays rounds that way).
@@ -205,19 +208,13 @@ int run_elastic(const Flags& flags) {
         const auto [images, labels] = train.get(
             torch::tensor(std::vector<int64_t>(rows->begin(), rows->end()), torch::kLong));
         kolo::apply_lr(*base_optimizer, schedule.lr(state.epoch, state.batch));
-        optimizer.zero_grad();
-        torch::Tensor logits, loss;
-        {
-          kolo::AutocastGuard autocast(torch::kBFloat16, flags.precision == "bf16");
-          logits = forward(images);
-          loss = loss_of(logits, labels);
-        }
-        loss.backward();
-        optimizer.step();  // a dead peer makes this throw; run() takes it from there
+        // A dead peer makes this throw; run() takes it from there.
+        const kolo::Logs batch = trainer.train_on_batch(images, labels);
         ++state.batch;
 
-        const double batch_loss = loss.item<double>() * static_cast<double>(labels.size(0));
-        const int64_t batch_correct = logits.argmax(1).eq(labels).sum().item<int64_t>();
+        const double batch_loss = batch.at("loss") * static_cast<double>(labels.size(0));
+        const int64_t batch_correct =
+            std::llround(batch.at("accuracy") * static_cast<double>(labels.size(0)));
         loss_sum += batch_loss;
         correct += batch_correct;
         seen += labels.size(0);
@@ -241,7 +238,7 @@ int run_elastic(const Flags& flags) {
       const double images = std::max(totals.images, 1.0);
       const double train_loss = totals.loss_sum / images;
       const double train_accuracy = totals.correct / images;
-      const kolo::Logs eval = evaluator.evaluate(test);
+      const kolo::Logs eval = trainer.evaluate(test);
       if (chief) {
         kolo::ProgressBar::print(steps, steps, epoch_s,
                                  {{"loss", train_loss}, {"accuracy", train_accuracy}}, true);

@@ -4,6 +4,8 @@
 //    steps, same rates) from ranks that started apart; callbacks are called
 //    at Keras' points; logs hold the metrics; CsvLogger writes them;
 //  - with options.balance, fit() equals one process on each global batch;
+//  - train_on_batch is one step of the hand-written loop; evaluate() leaves
+//    the model in the mode it found;
 //  - BroadcastGlobalVariables(root 1), MetricAverage, LearningRateSchedule,
 //    Throughput and ProgressBar (their lines, rank 0 only), EarlyStopping
 //    (the same decision on every rank from different logs);
@@ -240,6 +242,39 @@ TEST(Trainer, BalancedFitEqualsOneProcessOnEachGlobalBatch) {
   }
   for (int r = 0; r < kWorld; ++r) {
     ot::expect_params_close(*fitted[r], *alone, 1e-5, 1e-6, "rank " + std::to_string(r));
+  }
+}
+
+TEST(Trainer, TrainOnBatchIsOneStepAndEvaluateKeepsTheModelsMode) {
+  torch::set_num_threads(1);
+  torch::manual_seed(47);
+  const Data data;
+  zt::ZeroNet initial;
+  std::vector<std::shared_ptr<zt::ZeroNet>> stepped(kWorld), by_hand(kWorld);
+  std::vector<Logs> logs(kWorld);
+  run_with_engines(kWorld, [&](int rank, Engine& engine) {
+    const torch::Tensor rows = torch::arange(rank * kBatch, (rank + 1) * kBatch, torch::kLong);
+    const torch::Tensor x = data.x.index_select(0, rows), y = data.y.index_select(0, rows);
+    TrainerRun run(initial, engine, {});
+    logs[rank] = run.trainer->train_on_batch(x, y);
+    EXPECT_TRUE(run.model->is_training());
+    run.trainer->evaluate(data.set());
+    EXPECT_TRUE(run.model->is_training());  // as before evaluate()
+    run.model->eval();
+    run.trainer->evaluate(data.set());
+    EXPECT_FALSE(run.model->is_training());
+    stepped[rank] = run.model;
+    TrainerRun hand(initial, engine, {});
+    hand.optimizer->zero_grad();
+    cross_entropy(hand.model->forward(x), y).backward();
+    hand.optimizer->step();
+    by_hand[rank] = hand.model;
+    ot::finish(engine);
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    ot::expect_params_close(*stepped[r], *by_hand[0], 0, 0, "rank " + std::to_string(r));
+    EXPECT_EQ(logs[r].count("loss"), 1u);
+    EXPECT_EQ(logs[r].count("accuracy"), 1u);
   }
 }
 

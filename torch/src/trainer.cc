@@ -140,28 +140,8 @@ Logs Trainer::fit(const Dataset& train, const Dataset* validation) {
                                      : static_cast<size_t>(step) * batch;
       const size_t count = balancer_ ? static_cast<size_t>(balancer_->batch()) : batch;
       const torch::Tensor rows = rows_of(indices, begin, std::min(indices.size(), begin + count));
-      auto [inputs, targets] = train.get(rows);
-      optimizer_.zero_grad();
-      torch::Tensor outputs, loss;
-      {
-        AutocastGuard autocast(torch::kBFloat16, options_.autocast_bf16);
-        outputs = forward_(inputs);
-        loss = loss_(outputs, targets);
-      }
-      // With the balancer, the mean over the global batch: this rank's share
-      // of it weighs its mean loss.
-      torch::Tensor objective = balancer_ ? loss * balancer_->gradient_weight() : loss;
-      if (options_.loss_scaler) objective = options_.loss_scaler->scale(objective);
-      objective.backward();  // the buckets' exchange starts as their gradients are ready
-      // The balancer times this rank's compute, not the wait in step().
-      if (balancer_) balancer_->record(now_s() - step_start);
-      // Waits for the exchanged gradients, then steps (the scaler: unscaled,
-      // or skipped on every rank when one overflowed).
-      if (options_.loss_scaler) {
-        options_.loss_scaler->step(optimizer_);
-      } else {
-        optimizer_.step();
-      }
+      const auto [inputs, targets] = train.get(rows);
+      const auto [outputs, loss] = step_on(inputs, targets, balancer_.get(), step_start);
       const int64_t b = rows.size(0);
       loss_sum += loss.item<double>() * static_cast<double>(b);
       seen_ += b;
@@ -179,11 +159,49 @@ Logs Trainer::fit(const Dataset& train, const Dataset* validation) {
     if (scored) logs["accuracy"] = static_cast<double>(correct) / seen;
     if (validation) {
       for (const auto& [name, value] : evaluate(*validation)) logs["val_" + name] = value;
-      model_.train();
     }
     for (auto& c : callbacks_) c->on_epoch_end(*this, epoch_, logs);
   }
   for (auto& c : callbacks_) c->on_train_end(*this, logs);
+  return logs;
+}
+
+std::pair<torch::Tensor, torch::Tensor> Trainer::step_on(const torch::Tensor& inputs,
+                                                         const torch::Tensor& targets,
+                                                         BatchBalancer* balancer,
+                                                         double step_start) {
+  optimizer_.zero_grad();
+  torch::Tensor outputs, loss;
+  {
+    AutocastGuard autocast(torch::kBFloat16, options_.autocast_bf16);
+    outputs = forward_(inputs);
+    loss = loss_(outputs, targets);
+  }
+  // With the balancer, the mean over the global batch: this rank's share of
+  // it weighs its mean loss.
+  torch::Tensor objective = balancer ? loss * balancer->gradient_weight() : loss;
+  if (options_.loss_scaler) objective = options_.loss_scaler->scale(objective);
+  objective.backward();  // the buckets' exchange starts as their gradients are ready
+  // The balancer times this rank's compute, not the wait in step().
+  if (balancer) balancer->record(now_s() - step_start);
+  // Waits for the exchanged gradients, then steps (the scaler: unscaled, or
+  // skipped on every rank when one overflowed).
+  if (options_.loss_scaler) {
+    options_.loss_scaler->step(optimizer_);
+  } else {
+    optimizer_.step();
+  }
+  return {outputs, loss};
+}
+
+Logs Trainer::train_on_batch(const torch::Tensor& inputs, const torch::Tensor& targets) {
+  model_.train();
+  const auto [outputs, loss] = step_on(inputs, targets, nullptr, now_s());
+  Logs logs{{"loss", loss.item<double>()}};
+  const int64_t correct = correct_of(outputs, targets);
+  if (correct >= 0) {
+    logs["accuracy"] = static_cast<double>(correct) / static_cast<double>(targets.size(0));
+  }
   return logs;
 }
 
@@ -194,6 +212,7 @@ Logs Trainer::evaluate(const Dataset& data) {
   shard.rank = rank();
   shard.world_size = world_size();
   DistributedSampler sampler(static_cast<size_t>(data.size), shard);
+  const bool was_training = model_.is_training();
   model_.eval();
   torch::NoGradGuard no_grad;
   double loss_sum = 0;
@@ -215,6 +234,7 @@ Logs Trainer::evaluate(const Dataset& data) {
     if (c < 0) scored = false;
     correct += std::max<int64_t>(c, 0);
   }
+  model_.train(was_training);
   // Sums over the ranks (means times the world: every rank has as many samples).
   const double count = static_cast<double>(indices.size());
   Logs out{{"loss", metric_average(loss_sum / count, "trainer/eval_loss", options_)}};

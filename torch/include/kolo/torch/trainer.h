@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kolo/core/batch_balancer.h"
@@ -116,8 +117,17 @@ class Trainer {
   // them over the ranks), "val_loss" and "val_accuracy" with a validation set.
   Logs fit(const Dataset& train, const Dataset* validation = nullptr);
   // Collective. "loss" and "accuracy" (argmax of the outputs against integer
-  // targets) over this rank's shard of `data`, averaged over the ranks.
+  // targets) over this rank's shard of `data`, averaged over the ranks; the
+  // model in eval mode meanwhile (dropout off), in its previous mode after.
   Logs evaluate(const Dataset& data);
+
+  // Keras' train_on_batch, for training loops of one's own (the example's
+  // elastic run): one step of fit() on (inputs, targets) — zero_grad(),
+  // forward and loss (under options.autocast_bf16), backward() (of the loss
+  // scaled by options.loss_scaler), step(). Collective like every step; no
+  // callbacks run. Returns the batch's "loss" and, for class scores (B, C)
+  // against integer targets (B), its "accuracy".
+  Logs train_on_batch(const torch::Tensor& inputs, const torch::Tensor& targets);
 
   torch::nn::Module& model() { return model_; }
   ParallelOptimizer& optimizer() { return optimizer_; }
@@ -147,6 +157,11 @@ class Trainer {
   ParallelOptimizer& optimizer_;
   TrainerOptions options_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
+  // The step of fit() and train_on_batch(): (outputs, loss).
+  std::pair<torch::Tensor, torch::Tensor> step_on(const torch::Tensor& inputs,
+                                                  const torch::Tensor& targets,
+                                                  BatchBalancer* balancer, double step_start);
+
   int64_t epoch_ = 0;
   int64_t steps_per_epoch_ = 0;
   int64_t seen_ = 0;
