@@ -143,6 +143,31 @@ INSTANTIATE_TEST_SUITE_P(Replicas, MirroredEquivalence,
                                             ::testing::Values(OptimizerKind::kSgd,
                                                               OptimizerKind::kAdam)));
 
+// Each replica computes with its own intra-op threads, and its engine serves
+// everything a rank's does: here a process set of two of three replicas.
+TEST(MirroredReplicas, HaveTheirThreadsAndProcessSets) {
+  MirroredOptions options;
+  options.replicas = 3;
+  options.threads_per_replica = 2;
+  options.engine = testing::torch_test_engine_options();
+  MirroredStrategy strategy(options);
+  EXPECT_EQ(strategy.threads_per_replica(), 2);
+  std::vector<int> threads(3, 0);
+  std::vector<float> sums(3, 0);
+  strategy.run([&](ReplicaContext& replica) {
+    threads[replica.replica()] = at::get_num_threads();
+    const ProcessSet pair = add_process_set({0, 2}, replica.options());
+    if (!pair.included()) return;
+    TensorOpOptions o = replica.options<TensorOpOptions>();
+    o.process_set = pair.id();
+    o.op = ReduceOp::kSum;
+    sums[replica.replica()] =
+        allreduce(torch::full({2}, replica.rank() + 1.0f), "pair", o)[1].item<float>();
+  });
+  EXPECT_EQ(threads, std::vector<int>({2, 2, 2}));
+  EXPECT_EQ(sums, std::vector<float>({4, 0, 4}));  // replicas 0 and 2: 1 + 3
+}
+
 // A runtime of `ranks` ranks as threads standing for processes (shm and gloo
 // through a TCP store, as kolorun's workers): fn(rank, runtime).
 void with_runtimes(const std::string& backend, int ranks,
