@@ -453,7 +453,14 @@ torch::Tensor Pipeline::train_step(const torch::Tensor& inputs, const torch::Ten
     Live entry = std::move(live.at(k));
     live.erase(k);
     torch::Tensor grad;
-    if (!s.last_stage()) grad = recv(s.ranks[s.stage + 1], s.p2p(1));
+    if (!s.last_stage()) {
+      // The gradient has the shape and dtype of the output this stage sent,
+      // so its header and payload receives are posted together: the payload
+      // moves as soon as the next stage sends it, without a second exchange
+      // after the header (which would cost a wake-up of the sender's side).
+      grad = recv_(torch::empty_like(entry.output, torch::MemoryFormat::Contiguous),
+                   s.ranks[s.stage + 1], s.p2p(1));
+    }
     const auto start = Clock::now();
     if (entry.output.requires_grad()) {
       if (s.last_stage()) {
