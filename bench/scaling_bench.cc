@@ -515,15 +515,16 @@ int run_scaling_bench(const ScalingOptions& options) {
     for (size_t k = 0; k < run_order.size(); ++k) {
       const size_t i = run_order[repeat % 2 ? run_order.size() - 1 - k : k];
       if (!measurements[i].error.empty()) continue;
+      const std::string where = configs[i].across ? " on the hosts" : "";
       std::cerr << "kolo-bench scaling: pass " << repeat + 1 << "/" << options.repeats << ": "
                 << configs[i].model << " " << configs[i].system << " x" << configs[i].workers
-                << "\n";
+                << where << "\n";
       driver.measure_once(configs[i], &measurements[i], repeat);
       // Each pass's figure, so that a run's spread (and which neighbour a
       // slow figure followed) can be read from the log; the table has medians.
       if (measurements[i].error.empty() && !measurements[i].images_per_sec.empty())
         std::cerr << "kolo-bench scaling:   " << configs[i].model << " " << configs[i].system
-                  << " x" << configs[i].workers << ": "
+                  << " x" << configs[i].workers << where << ": "
                   << format_fixed(measurements[i].images_per_sec.back(), 1) << " images/sec\n";
     }
   }
