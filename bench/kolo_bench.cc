@@ -13,6 +13,10 @@
 //     pp=2 / tp=2 against the unsplit model under a limit; built with libtorch)
 //   kolo-bench model [--data docs/hosts_data] [--json] [--docs docs/scale.md]
 //     (a plain process; fits the allreduce cost model to scripts/bench_hosts.sh's rows)
+//   kolo-bench ps [--models mlp,cnn] [--workers 2,4] [--servers 1,2] [--json]
+//   [--docs docs/strategies.md]
+//     (a plain process; parameter server sync/async/ssp against allreduce; built with
+//     libtorch and the Fashion-MNIST reader)
 //   kolo-bench store-attack --pid PID [--port P] [--json]
 //     (attacks the rendezvous store served by PID, e.g. kolorun, and prints its memory)
 //   kolo-bench elastic [--repeats 3] [--commit-every 10] [--json] [--docs docs/benchmarks.md]
@@ -36,6 +40,7 @@
 #include "scale_model.h"
 #include "store_attack.h"
 #ifdef KOLO_BENCH_HAVE_SCALING
+#include "ps_bench.h"
 #include "scaling_bench.h"
 #endif
 #ifdef KOLO_BENCH_HAVE_ZERO
@@ -195,6 +200,39 @@ int main(int argc, char** argv) {
   scaling_sub->add_option("--sync-dir", scaling_worker.sync_dir)->group("");
   scaling_sub->add_option("--replicas", scaling_worker.replicas)->group("");
   scaling_sub->add_option("--compression", scaling_worker.compression)->group("");
+#endif
+
+#ifdef KOLO_BENCH_HAVE_SCALING
+  kolo::bench::PsBenchOptions ps;
+  ps.command_line = command_line;
+  kolo::bench::PsWorkerOptions ps_worker;
+  bool ps_is_worker = false;
+  auto* ps_sub = app.add_subcommand(
+      "ps",
+      "parameter server (sync, async, ssp) against allreduce: samples/sec, bytes per step, "
+      "test accuracy and staleness on Fashion-MNIST (run as a plain process)");
+  ps_sub->add_option("--models", ps.models, "mlp, cnn")->delimiter(',');
+  ps_sub->add_option("--designs", ps.designs, "allreduce, ps")->delimiter(',');
+  ps_sub->add_option("--modes", ps.modes, "sync, async, ssp (design ps)")->delimiter(',');
+  ps_sub->add_option("--workers", ps.workers, "worker counts")->delimiter(',');
+  ps_sub->add_option("--servers", ps.servers, "server counts (design ps)")->delimiter(',');
+  ps_sub->add_option("--max-staleness", ps.max_staleness, "bound of mode ssp")
+      ->check(CLI::NonNegativeNumber);
+  ps_sub->add_option("--epochs", ps.epochs, "epochs")->check(CLI::PositiveNumber);
+  ps_sub->add_option("--train-subset", ps.train_subset, "training images")
+      ->check(CLI::PositiveNumber);
+  ps_sub->add_option("--test-subset", ps.test_subset, "test images")->check(CLI::PositiveNumber);
+  ps_sub->add_option("--batch", ps.batch, "images per worker per step")->check(CLI::PositiveNumber);
+  ps_sub->add_option("--lr", ps.lr, "SGD learning rate");
+  ps_sub->add_option("--config-timeout", ps.config_timeout_s, "seconds per configuration");
+  ps_sub->add_option("--data-dir", ps.data_dir, "Fashion-MNIST's gzipped IDX files");
+  ps_sub->add_flag("--json", ps.json, "one JSON object per row instead of the table");
+  ps_sub->add_option("--docs", ps.docs_path, "rewrite the ps section of this markdown file");
+  ps_sub->add_option("--kolorun", ps.kolorun, "path of kolorun");
+  ps_sub->add_flag("--worker", ps_is_worker)->group("");
+  ps_sub->add_option("--model", ps_worker.model)->group("");
+  ps_sub->add_option("--design", ps_worker.design)->group("");
+  ps_sub->add_option("--mode", ps_worker.mode)->group("");
 #endif
 
 #ifdef KOLO_BENCH_HAVE_ZERO
@@ -437,6 +475,17 @@ int main(int argc, char** argv) {
     }
 #endif
 #ifdef KOLO_BENCH_HAVE_SCALING
+    if (*ps_sub) {
+      if (!ps_is_worker) return kolo::bench::run_ps_bench(ps);
+      ps_worker.max_staleness = ps.max_staleness;
+      ps_worker.epochs = ps.epochs;
+      ps_worker.train_subset = ps.train_subset;
+      ps_worker.test_subset = ps.test_subset;
+      ps_worker.batch = ps.batch;
+      ps_worker.lr = ps.lr;
+      ps_worker.data_dir = ps.data_dir;
+      return kolo::bench::run_ps_worker(ps_worker);
+    }
     if (*scaling_sub) {
       if (!scaling_is_worker) return kolo::bench::run_scaling_bench(scaling);
       scaling_worker.steps = scaling.steps;

@@ -153,6 +153,11 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   app.add_option("-n,--np", np_text,
                  "Number of workers (also -np). Default with -H: every slot of the host list")
       ->type_name("N");
+  std::string servers_text;
+  app.add_option("--servers", servers_text,
+                 "Parameter servers: start S ranks after the -np workers, which serve "
+                 "(KOLO_PS_SERVERS=S; kolo/torch/parameter_server.h)")
+      ->type_name("S");
   app.add_option("-H,--hosts", o.hosts,
                  "Hosts and their slots, in rank order: host1:slots,host2:slots "
                  "(localhost, 127.0.0.1 and this host's name run locally; others over ssh)")
@@ -252,6 +257,14 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   }
 
   if (!np_text.empty()) o.np = parse_count("-np", np_text, "-np 2");
+  if (!servers_text.empty()) {
+    o.servers = parse_count("--servers", servers_text, "--servers 1");
+    if (!o.np) {
+      throw UsageError("--servers " + servers_text +
+                       " needs -np: say how many workers to start besides the servers, e.g. "
+                       "kolorun -np 2 --servers 1 ./train");
+    }
+  }
   if (!min_np_text.empty()) o.min_np = parse_count("--min-np", min_np_text, "--min-np 2");
   if (!max_np_text.empty()) o.max_np = parse_count("--max-np", max_np_text, "--max-np 4");
   if (!max_restarts_text.empty()) {
@@ -294,6 +307,11 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     }
   }
   if (o.backend == "auto") o.backend.clear();
+  if (o.servers > 0 && o.elastic()) {
+    throw UsageError(
+        "--servers cannot be elastic: parameter servers hold the model and must stay; leave out "
+        "--min-np/--max-np/--host-discovery-script");
+  }
   if (!timeout_text.empty()) {
     o.timeout_seconds = parse_seconds("--timeout", timeout_text, false, 0.001);
   }
@@ -316,12 +334,21 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
                          "); leave it out");
       }
     }
+    if (name == "KOLO_PS_SERVERS" && o.servers > 0) {
+      throw UsageError("-x " + entry + " contradicts --servers " + servers_text + ": give one");
+    }
     if (name == "KOLO_BACKEND" && !o.backend.empty()) {
       throw UsageError("-x " + entry + " contradicts --backend " + o.backend + ": give one");
     }
     if (name == "KOLO_TIMEOUT_SECONDS" && !timeout_text.empty()) {
       throw UsageError("-x " + entry + " contradicts --timeout " + timeout_text + ": give one");
     }
+  }
+  if (o.servers > 0) {
+    // The servers are the last ranks of one larger job; every launch path
+    // (local, ssh, mpirun) forwards the variable that tells ranks their role.
+    *o.np += o.servers;
+    o.forward_env.push_back("KOLO_PS_SERVERS=" + std::to_string(o.servers));
   }
   if (o.ssh_command.find_first_not_of(' ') == std::string::npos) {
     throw UsageError("--ssh-command is empty: give the program that reaches a host, e.g. ssh");

@@ -24,6 +24,9 @@ enum class OutputMode {
 struct LaunchOptions {
   // Number of workers; nullopt = every slot of -H (required without -H).
   std::optional<int> np;
+  // --servers S: parameter servers started after the np workers given; once
+  // parsed, np counts them too and forward_env carries KOLO_PS_SERVERS=S.
+  int servers = 0;
   std::string hosts;  // -H as given; empty = every worker on this host
   // "shm", "gloo", "mpi" or empty (automatic, KOLO_BACKEND not set).
   std::string backend;

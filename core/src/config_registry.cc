@@ -63,6 +63,11 @@ const std::vector<ConfigVar>& config_registry() {
        "Elastic mode: how long a worker waits for kolorun to form a world that includes it; "
        "kolorun itself stops the job sooner when too few workers remain (>= 0.001, <= "
        "1000000000)."},
+      // --- Parameter server ---
+      {"KOLO_PS_SERVERS", ConfigType::kInt, "0", "",
+       "Parameter server: the last this-many ranks of the job are servers, the others workers "
+       "(set by `kolorun --servers S`; set it yourself under mpirun) (>= 0, <= 65536); 0 = no "
+       "servers."},
       // --- Communicators ---
       {"KOLO_BACKEND", ConfigType::kChoice, "auto", "auto|shm|gloo|mpi",
        "Communicator backend. auto: mpi under mpirun/srun, shm when all ranks share a host, "

@@ -393,23 +393,46 @@ EngineCommunicators Runtime::engine_communicators(const std::string& backend,
   // Process sets: members build a communicator of their own under a prefix
   // no other set uses (ids are never reused within one engine).
   comms.factory = [backend, base, world_rank](const std::vector<int>& ranks, int set_id) {
-    auto pos = std::find(ranks.begin(), ranks.end(), world_rank);
-    if (pos == ranks.end()) {
-      throw ContractError("kolo process set " + std::to_string(set_id) +
-                          ": this rank is not a member");
-    }
-    CommunicatorOptions o = base;
-    o.rank = static_cast<int>(pos - ranks.begin());
-    o.size = static_cast<int>(ranks.size());
-    o.prefix = base.prefix + "/set" + std::to_string(set_id);
-    o.world_ranks = ranks;  // mpi builds the set from MPI_COMM_WORLD's group
-    o.rank_hosts.clear();
-    if (!base.rank_hosts.empty()) {
-      for (int r : ranks) o.rank_hosts.push_back(base.rank_hosts[r]);
-    }
-    return make_communicator(backend, o);
+    return make_communicator(backend, group_options(base, ranks, world_rank,
+                                                    base.prefix + "/set" + std::to_string(set_id),
+                                                    "kolo process set " + std::to_string(set_id)));
   };
   return comms;
+}
+
+CommunicatorOptions Runtime::group_options(const CommunicatorOptions& base,
+                                           const std::vector<int>& ranks, int world_rank,
+                                           const std::string& prefix, const std::string& what) {
+  auto pos = std::find(ranks.begin(), ranks.end(), world_rank);
+  if (pos == ranks.end()) throw ContractError(what + ": this rank is not a member");
+  CommunicatorOptions o = base;
+  o.rank = static_cast<int>(pos - ranks.begin());
+  o.size = static_cast<int>(ranks.size());
+  o.prefix = prefix;
+  o.world_ranks = ranks;  // mpi builds the group from MPI_COMM_WORLD's group
+  o.rank_hosts.clear();
+  if (!base.rank_hosts.empty()) {
+    for (int r : ranks) o.rank_hosts.push_back(base.rank_hosts[r]);
+  }
+  return o;
+}
+
+std::unique_ptr<Communicator> Runtime::group_communicator(const std::vector<int>& ranks,
+                                                          const std::string& name) {
+  const std::string what = "kolo::Runtime::group_communicator('" + name + "')";
+  if (backend_.empty()) {
+    throw ContractError(what +
+                        ": this ranks-as-threads runtime has no backend to build communicators "
+                        "with; build them with make_thread_communicators()");
+  }
+  if (!std::is_sorted(ranks.begin(), ranks.end()) ||
+      std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() || ranks.empty() ||
+      ranks.front() < 0 || ranks.back() >= topology_.size) {
+    throw ContractError(what + ": ranks must be distinct world ranks in [0, " +
+                        std::to_string(topology_.size) + ") in ascending order");
+  }
+  return make_communicator(backend_, group_options(world_options_, ranks, topology_.rank,
+                                                   world_options_.prefix + "/" + name, what));
 }
 
 // ---- process-wide default runtime ----

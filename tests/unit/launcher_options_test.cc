@@ -34,6 +34,24 @@ TEST(LauncherOptions, ParsesTheIssueSynopsis) {
   EXPECT_EQ(o.program_args, (std::vector<std::string>{"--epochs", "3"}));
 }
 
+// --servers S: S more ranks, told their role through KOLO_PS_SERVERS on
+// every launch path (forwarded like -x NAME=VALUE).
+TEST(LauncherOptions, ServersAreExtraRanksWithTheirVariable) {
+  auto o = parse({"-np", "4", "--servers", "2", "./train"}).options;
+  EXPECT_EQ(o.np, 6);
+  EXPECT_EQ(o.servers, 2);
+  EXPECT_EQ(o.forward_env, (std::vector<std::string>{"KOLO_PS_SERVERS=2"}));
+  EXPECT_NE(error_of({"--servers", "1", "-H", "a:2", "./train"}).find("needs -np"),
+            std::string::npos);
+  EXPECT_NE(error_of({"-np", "2", "--servers", "0", "./train"}), "");
+  EXPECT_NE(error_of({"-np", "2", "--servers", "1", "--min-np", "1", "./train"})
+                .find("--servers cannot be elastic"),
+            std::string::npos);
+  EXPECT_NE(error_of({"-np", "2", "--servers", "1", "-x", "KOLO_PS_SERVERS=3", "./train"})
+                .find("contradicts --servers"),
+            std::string::npos);
+}
+
 TEST(LauncherOptions, EverythingAfterTheProgramIsPassedUntouched) {
   // The program's own flags look like kolorun's: they must not be parsed.
   auto o =

@@ -100,11 +100,27 @@ class Runtime {
   // builds its replica groups in the same order, so the ranks agree.
   std::string next_replica_prefix();
 
+  // A communicator of some of the world's ranks (`ranks`: sorted world
+  // ranks, this one among them; its rank in the result is its index there),
+  // built like world()'s (same backend and store) under the store prefix
+  // "<world prefix>/<name>". Every member calls it with the same arguments;
+  // names must differ between groups. For callers that need channels of
+  // their own beside the engine (the parameter server's links). A
+  // ranks-as-threads runtime has no backend to build with: ContractError.
+  std::unique_ptr<Communicator> group_communicator(const std::vector<int>& ranks,
+                                                   const std::string& name);
+
  private:
   // The engine's communicator built from `base` and its process-set
   // factory (for the member of world rank `world_rank`).
   static EngineCommunicators engine_communicators(const std::string& backend,
                                                   const CommunicatorOptions& base, int world_rank);
+  // The options of a communicator of `ranks` (sorted world ranks) derived
+  // from `base` under `prefix`: the engine's process sets and
+  // group_communicator() build theirs the same way.
+  static CommunicatorOptions group_options(const CommunicatorOptions& base,
+                                           const std::vector<int>& ranks, int world_rank,
+                                           const std::string& prefix, const std::string& what);
 
   Config config_;
   Topology topology_;

@@ -1,0 +1,61 @@
+// `kolo-bench ps`: the seeds' Design 1 (parameter server) against Design 2
+// (ring allreduce) on the same work (issue 19). The seed CNN and the MLP of
+// `kolo-bench scaling` train on a subset of Fashion-MNIST for --epochs at
+// each worker count, with:
+//   design allreduce   kolo::DistributedOptimizer (mode "sync")
+//   design ps          kolo::ps::Server / Worker, modes sync, async and ssp
+//                      (--max-staleness), at each --servers count
+// Every configuration runs in fresh processes through kolorun (`kolorun -np
+// W [--servers S] kolo-bench ps --worker ...`). Each worker trains on its
+// shard of the subset with SGD (momentum 0.9) and prints one JSON line:
+// samples it trained, its training seconds, the bytes it moved per step and,
+// on worker 0, the test accuracy of the final parameters (for ps, after a
+// last pull) and the largest staleness it saw. The driver prints one row per
+// configuration: samples/sec of the whole job (samples of all workers over
+// the slowest worker's time), bytes per step per worker, test accuracy and
+// max staleness; --json prints the rows as the issue lists them, --docs
+// rewrites the `ps` section of docs/strategies.md.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kolo::bench {
+
+struct PsBenchOptions {
+  std::vector<std::string> models = {"mlp", "cnn"};
+  std::vector<std::string> designs = {"allreduce", "ps"};
+  std::vector<std::string> modes = {"sync", "async", "ssp"};  // ps only
+  std::vector<int> workers = {2, 4};
+  std::vector<int> servers = {1, 2};
+  int max_staleness = 2;
+  int epochs = 1;
+  int train_subset = 6000;
+  int test_subset = 2000;
+  int batch = 32;  // per worker per step
+  double lr = 0.02;
+  int config_timeout_s = 900;
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  bool json = false;
+  std::string docs_path;
+  std::string kolorun;
+  std::string command_line;
+};
+
+struct PsWorkerOptions {
+  std::string model = "mlp";
+  std::string design = "ps";
+  std::string mode = "sync";
+  int max_staleness = 2;
+  int epochs = 1;
+  int train_subset = 6000;
+  int test_subset = 2000;
+  int batch = 32;
+  double lr = 0.02;
+  std::string data_dir;
+};
+
+int run_ps_bench(const PsBenchOptions& options);
+int run_ps_worker(const PsWorkerOptions& options);
+
+}  // namespace kolo::bench

@@ -1,0 +1,256 @@
+// The parameter server's protocol state: roles, partition, messages, clocks, links.
+#include "kolo/core/parameter_server.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <mutex>
+
+#include "kolo/core/errors.h"
+#include "kolo/core/runtime.h"
+
+namespace kolo::ps {
+
+const char* mode_name(Mode mode) {
+  switch (mode) {
+    case Mode::kSync:
+      return "sync";
+    case Mode::kAsync:
+      return "async";
+    case Mode::kSsp:
+      return "ssp";
+  }
+  return "?";
+}
+
+Mode parse_mode(const std::string& text, const std::string& what) {
+  if (text == "sync") return Mode::kSync;
+  if (text == "async") return Mode::kAsync;
+  if (text == "ssp") return Mode::kSsp;
+  throw ContractError(what + ": unknown parameter-server mode '" + text +
+                      "'; use sync, async or ssp");
+}
+
+Roles roles_from(const Topology& topology, const Config& config) {
+  const int64_t servers = config.get_int("KOLO_PS_SERVERS");
+  if (servers <= 0) {
+    throw ContractError(
+        "kolo::ps::roles: KOLO_PS_SERVERS is not set, so this job has no parameter servers; "
+        "launch with `kolorun -np W --servers S` (or set KOLO_PS_SERVERS=S for mpirun: the last "
+        "S ranks serve)");
+  }
+  if (servers >= topology.size) {
+    throw ContractError("kolo::ps::roles: KOLO_PS_SERVERS=" + std::to_string(servers) +
+                        " leaves no worker in a job of " + std::to_string(topology.size) +
+                        " ranks; start W + S ranks (kolorun -np W --servers S)");
+  }
+  Roles roles;
+  roles.servers = static_cast<int>(servers);
+  roles.workers = topology.size - roles.servers;
+  roles.rank = topology.rank;
+  return roles;
+}
+
+int64_t VariableSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+Partition Partition::by_bytes(const std::vector<VariableSpec>& specs, int servers) {
+  if (servers < 1) {
+    throw ContractError("kolo::ps::Partition: needs at least one server, got " +
+                        std::to_string(servers));
+  }
+  // Byte offsets of the variables laid end to end; server s takes the bytes
+  // [s * total / S, (s + 1) * total / S), rounded to whole elements.
+  int64_t total = 0;
+  for (const VariableSpec& v : specs)
+    total += v.numel() * static_cast<int64_t>(dtype_size(v.dtype));
+  Partition p;
+  p.slices.resize(servers);
+  p.shard_numel.assign(servers, 0);
+  int64_t offset = 0;  // bytes before variable i
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const int64_t esize = static_cast<int64_t>(dtype_size(specs[i].dtype));
+    const int64_t n = specs[i].numel();
+    for (int s = 0; s < servers; ++s) {
+      const int64_t lo = total * s / servers;
+      const int64_t hi = total * (s + 1) / servers;
+      // Elements whose first byte lies in [lo, hi) (a negative numerator
+      // rounds toward zero, and the clamp takes it to 0 either way).
+      const int64_t begin = std::clamp<int64_t>((lo - offset + esize - 1) / esize, 0, n);
+      const int64_t end = std::clamp<int64_t>((hi - offset + esize - 1) / esize, 0, n);
+      if (end > begin) {
+        p.slices[s].push_back({static_cast<int>(i), begin, end});
+        p.shard_numel[s] += end - begin;
+      }
+    }
+    offset += n * esize;
+  }
+  return p;
+}
+
+int64_t fingerprint(const std::vector<VariableSpec>& specs) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const void* data, size_t n) {
+    const auto* bytes = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  };
+  for (const VariableSpec& v : specs) {
+    mix(v.name.data(), v.name.size() + 1);
+    const int64_t dims = static_cast<int64_t>(v.shape.size());
+    mix(&dims, sizeof(dims));
+    mix(v.shape.data(), v.shape.size() * sizeof(int64_t));
+    const int dtype = static_cast<int>(v.dtype);
+    mix(&dtype, sizeof(dtype));
+  }
+  return static_cast<int64_t>(h & 0x7fffffffffffffffull);
+}
+
+std::vector<int64_t> Header::encode() const {
+  return {static_cast<int64_t>(kind), clock, count, fingerprint, value, status};
+}
+
+Header Header::decode(const int64_t* words, const std::string& source) {
+  Header h;
+  const int64_t kind = words[0];
+  if (kind < static_cast<int64_t>(Kind::kHello) || kind > static_cast<int64_t>(Kind::kReply)) {
+    throw ContractError(source + ": not a parameter-server message (kind " + std::to_string(kind) +
+                        "); is the peer running the same kolo?");
+  }
+  h.kind = static_cast<Kind>(kind);
+  h.clock = words[1];
+  h.count = words[2];
+  h.fingerprint = words[3];
+  h.value = words[4];
+  h.status = words[5];
+  if (h.clock < 0 || h.count < 0) {
+    throw ContractError(source + ": message with a negative clock (" + std::to_string(h.clock) +
+                        ") or count (" + std::to_string(h.count) + ")");
+  }
+  return h;
+}
+
+// ---- ServerClocks ----
+
+namespace {
+constexpr size_t kStalenessBins = 64;
+}
+
+ServerClocks::ServerClocks(int workers, Mode mode, int max_staleness)
+    : mode_(mode),
+      max_staleness_(max_staleness),
+      clocks_(workers, 0),
+      read_at_(workers, 0),
+      live_(workers, true) {
+  if (max_staleness < 0) {
+    throw ContractError("kolo::ps: max_staleness must be >= 0, got " +
+                        std::to_string(max_staleness));
+  }
+  stats_.counts.assign(kStalenessBins, 0);
+}
+
+int64_t ServerClocks::slowest_live_clock() const {
+  int64_t slowest = INT64_MAX;
+  for (size_t w = 0; w < clocks_.size(); ++w) {
+    if (live_[w]) slowest = std::min(slowest, clocks_[w]);
+  }
+  return slowest;
+}
+
+int ServerClocks::live_workers() const {
+  return static_cast<int>(std::count(live_.begin(), live_.end(), true));
+}
+
+bool ServerClocks::may_serve_pull(int64_t clock) const {
+  switch (mode_) {
+    case Mode::kSync:
+      return rounds_ >= clock;
+    case Mode::kSsp:
+      return slowest_live_clock() >= clock - max_staleness_;
+    case Mode::kAsync:
+      return true;
+  }
+  return true;
+}
+
+int64_t ServerClocks::served_pull(int worker, int64_t clock) {
+  const int64_t slowest = slowest_live_clock();
+  const int64_t staleness = slowest == INT64_MAX ? 0 : std::max<int64_t>(0, clock - slowest);
+  read_at_[worker] = staleness;
+  return staleness;
+}
+
+bool ServerClocks::pushed(int worker, int64_t clock) {
+  if (clock != clocks_[worker]) {
+    throw ContractError("kolo::ps server: worker " + std::to_string(worker) + " pushed step " +
+                        std::to_string(clock) + " but its next step is " +
+                        std::to_string(clocks_[worker]) +
+                        "; call pull() and push() once per step, in that order");
+  }
+  clocks_[worker] = clock + 1;
+  const int64_t staleness = read_at_[worker];
+  stats_.updates += 1;
+  stats_.max_staleness = std::max(stats_.max_staleness, staleness);
+  stats_.counts[std::min<size_t>(static_cast<size_t>(staleness), kStalenessBins - 1)] += 1;
+  if (mode_ != Mode::kSync) return false;
+  round_pushes_ += 1;
+  return round_pushes_ >= live_workers();
+}
+
+void ServerClocks::round_applied() {
+  rounds_ += 1;
+  round_pushes_ = 0;
+}
+
+void ServerClocks::left(int worker) { live_[worker] = false; }
+
+void ServerClocks::rejoined(int worker, int64_t clock) {
+  live_[worker] = true;
+  clocks_[worker] = clock;
+}
+
+// ---- links ----
+
+Links connect(Runtime& runtime, const Roles& roles, const LinkOptions& options) {
+  Links links;
+  links.roles = roles;
+  const int self = roles.rank;
+  if (roles.is_server()) {
+    for (int w = 0; w < roles.workers; ++w) {
+      links.peers.push_back(runtime.group_communicator(
+          {w, self},
+          options.name + "/s" + std::to_string(roles.server_index()) + "w" + std::to_string(w)));
+    }
+  } else {
+    for (int s = 0; s < roles.servers; ++s) {
+      links.peers.push_back(runtime.group_communicator(
+          {self, roles.server_rank(s)},
+          options.name + "/s" + std::to_string(s) + "w" + std::to_string(self)));
+    }
+  }
+  return links;
+}
+
+Links connect(Runtime& runtime, const LinkOptions& options) {
+  return connect(runtime, roles_from(runtime.topology(), runtime.config()), options);
+}
+
+std::vector<Links> make_thread_links(int workers, int servers, std::chrono::milliseconds timeout) {
+  std::vector<Links> links(workers + servers);
+  for (int r = 0; r < workers + servers; ++r) {
+    links[r].roles = Roles{workers, servers, r};
+    links[r].peers.resize(r < workers ? servers : workers);
+  }
+  for (int s = 0; s < servers; ++s) {
+    for (int w = 0; w < workers; ++w) {
+      auto pair = make_thread_communicators(2, timeout);
+      links[w].peers[s] = std::move(pair[kWorkerPeer]);
+      links[workers + s].peers[w] = std::move(pair[kServerPeer]);
+    }
+  }
+  return links;
+}
+
+}  // namespace kolo::ps

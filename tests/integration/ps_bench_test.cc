@@ -1,0 +1,65 @@
+// The parameter server through kolorun (`kolorun -np W --servers S`), by way
+// of `kolo-bench ps` at tiny sizes: the driver starts each configuration's
+// workers and servers under kolorun; every mode trains and prints the
+// issue's JSON fields. Nothing about speed or accuracy is asserted beyond
+// "it learned something"; staleness is checked against the mode's bound.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+
+namespace {
+
+std::string bench_path() { return KOLO_BINARY_DIR "/bench/kolo-bench"; }
+constexpr const char* kDataDir = "/usr/share/datasets/fashion-mnist";
+
+std::pair<std::string, int> run(const std::string& command) {
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string out;
+  char buffer[4096];
+  while (pipe && fgets(buffer, sizeof(buffer), pipe) != nullptr) out += buffer;
+  const int status = pipe ? pclose(pipe) : -1;
+  return {out, status};
+}
+
+TEST(PsBench, EveryModeTrainsThroughKolorunWithServers) {
+  if (access(bench_path().c_str(), X_OK) != 0 ||
+      run("'" + bench_path() + "' ps --help >/dev/null 2>&1").second != 0) {
+    GTEST_SKIP() << "kolo-bench has no ps mode (kolo_torch needs libtorch-dev)";
+  }
+  if (access((std::string(kDataDir) + "/train-images-idx3-ubyte.gz").c_str(), R_OK) != 0) {
+    GTEST_SKIP() << kDataDir << " is missing (Debian package dataset-fashion-mnist)";
+  }
+  const auto [out, status] =
+      run("timeout 600 '" + bench_path() +
+          "' ps --json --models cnn --designs allreduce,ps --modes sync,async,ssp --workers 2 "
+          "--servers 2 --max-staleness 1 --epochs 1 --train-subset 640 --test-subset 200 "
+          "--batch 32 --lr 0.05 --config-timeout 180");
+  ASSERT_EQ(status, 0) << out;
+  std::set<std::string> seen;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_FALSE(row.is_discarded()) << "not a JSON row: " << line;
+    for (const char* key : {"model", "design", "mode", "workers", "servers", "samples_per_sec",
+                            "bytes_per_step", "test_metric", "max_staleness_seen"}) {
+      EXPECT_TRUE(row.contains(key)) << key << " missing: " << line;
+    }
+    const std::string mode = row.at("mode");
+    seen.insert(row.at("design").get<std::string>() + "/" + mode);
+    EXPECT_GT(row.at("samples_per_sec").get<double>(), 0) << line;
+    EXPECT_GT(row.at("bytes_per_step").get<int64_t>(), 0) << line;
+    // 10 classes: chance is 0.1; 20 steps of SGD already do better.
+    EXPECT_GT(row.at("test_metric").get<double>(), 0.2) << line;
+    if (mode == "sync") EXPECT_EQ(row.at("max_staleness_seen"), 0) << line;
+    if (mode == "ssp") EXPECT_LE(row.at("max_staleness_seen").get<int>(), 1) << line;
+  }
+  EXPECT_EQ(seen, (std::set<std::string>{"allreduce/sync", "ps/sync", "ps/async", "ps/ssp"}))
+      << out;
+}
+
+}  // namespace

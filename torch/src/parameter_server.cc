@@ -1,0 +1,484 @@
+// Parameter server, libtorch side: the servers' slices and optimizer, the
+// workers' pull and push (protocol and clocks: kolo/core/parameter_server.h).
+#include "kolo/torch/parameter_server.h"
+
+#include <torch/torch.h>
+
+#include <condition_variable>
+#include <exception>
+#include <thread>
+
+#include "kolo/core/errors.h"
+#include "kolo/torch/tensor.h"
+
+namespace kolo::ps {
+namespace {
+
+// The specs of the model's parameters, all of one floating dtype.
+std::vector<VariableSpec> specs_of(const NamedParameters& parameters, const std::string& who,
+                                   c10::ScalarType* dtype) {
+  std::vector<VariableSpec> specs;
+  if (parameters.is_empty()) throw ContractError(who + ": the model has no parameters");
+  *dtype = parameters[0].value().scalar_type();
+  for (const auto& item : parameters) {
+    const torch::Tensor& p = item.value();
+    if (!p.defined() || !p.device().is_cpu() || !p.is_floating_point()) {
+      throw ContractError(who + ": parameter '" + item.key() +
+                          "' must be a defined floating-point CPU tensor");
+    }
+    if (p.scalar_type() != *dtype) {
+      throw ContractError(who + ": parameter '" + item.key() + "' is " +
+                          std::string(c10::toString(p.scalar_type())) + " but '" +
+                          parameters[0].key() + "' is " + c10::toString(*dtype) +
+                          "; the parameter server moves one dtype: convert the model first");
+    }
+    specs.push_back({item.key(), p.sizes().vec(), to_kolo_dtype(p.scalar_type(), who, item.key())});
+  }
+  return specs;
+}
+
+void send_header(Communicator& link, int peer, const Header& header,
+                 std::chrono::milliseconds timeout) {
+  const std::vector<int64_t> words = header.encode();
+  P2POptions o;
+  o.tag = header.kind == Kind::kReply ? kReplyTag : kRequestTag;
+  o.timeout = timeout;
+  link.send(words.data(), words.size(), DType::kI64, peer, o);
+}
+
+Header recv_header(Communicator& link, int peer, int tag, std::chrono::milliseconds timeout,
+                   const std::string& source) {
+  int64_t words[kHeaderWords];
+  P2POptions o;
+  o.tag = tag;
+  o.timeout = timeout;
+  link.recv(words, kHeaderWords, DType::kI64, peer, o);
+  return Header::decode(words, source);
+}
+
+void send_tensor(Communicator& link, int peer, int tag, const torch::Tensor& t,
+                 std::chrono::milliseconds timeout) {
+  P2POptions o;
+  o.tag = tag;
+  o.timeout = timeout;
+  link.send(t.data_ptr(), static_cast<size_t>(t.numel()), to_kolo_dtype(t.scalar_type(), "ps", "t"),
+            peer, o);
+}
+
+void recv_tensor(Communicator& link, int peer, int tag, const torch::Tensor& t,
+                 std::chrono::milliseconds timeout) {
+  P2POptions o;
+  o.tag = tag;
+  o.timeout = timeout;
+  link.recv(t.data_ptr(), static_cast<size_t>(t.numel()), to_kolo_dtype(t.scalar_type(), "ps", "t"),
+            peer, o);
+}
+
+// Hello's value: the mode and the bound, as the worker sees them.
+int64_t mode_word(const PsOptions& o) {
+  return static_cast<int64_t>(o.mode) | (static_cast<int64_t>(o.max_staleness) << 8);
+}
+std::string describe_mode(int64_t word) {
+  const Mode mode = static_cast<Mode>(word & 0xff);
+  std::string text = mode_name(mode);
+  if (mode == Mode::kSsp) text += " (max_staleness " + std::to_string(word >> 8) + ")";
+  return text;
+}
+
+constexpr int64_t kRefusedModel = 1;
+constexpr int64_t kRefusedMode = 2;
+
+}  // namespace
+
+// ---- Server ----
+
+struct Server::Impl {
+  PsOptions options;
+  Links links;
+  std::vector<VariableSpec> specs;
+  int64_t fingerprint = 0;
+  Partition partition;
+  int server = 0;
+  std::vector<torch::Tensor> slices;  // this server's parameters (1-D leaves)
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  c10::ScalarType dtype = torch::kFloat;
+  int64_t numel = 0;
+
+  mutable std::mutex mutex;  // guards everything below, the slices and the optimizer
+  std::condition_variable changed;
+  ServerClocks clocks;
+  torch::Tensor round_sum;     // sync: the sum of this round's pushes
+  std::exception_ptr failure;  // set when a sync server stops
+  std::vector<std::string> lost;
+
+  Impl(int workers, const PsOptions& o) : options(o), clocks(workers, o.mode, o.max_staleness) {}
+
+  std::string name() const {
+    return "kolo::ps::Server " + std::to_string(server) + " (rank " +
+           std::to_string(links.roles.rank) + ")";
+  }
+
+  // Sets the slices' grads to consecutive pieces of `flat` and steps.
+  void apply(const torch::Tensor& flat) {
+    int64_t offset = 0;
+    for (torch::Tensor& p : slices) {
+      p.mutable_grad() = flat.slice(0, offset, offset + p.numel());
+      offset += p.numel();
+    }
+    optimizer->step();
+  }
+
+  void serve(int worker);
+  void handle_hello(int worker, const Header& h);
+  void handle_pull(int worker, const Header& h);
+  void handle_push(int worker, const Header& h, torch::Tensor& buffer);
+  void lose(int worker, const std::string& why);
+};
+
+void Server::Impl::handle_hello(int worker, const Header& h) {
+  Header reply;
+  reply.kind = Kind::kReply;
+  reply.value = mode_word(options);
+  if (h.fingerprint != fingerprint) {
+    reply.status = kRefusedModel;
+  } else if (h.value != mode_word(options)) {
+    reply.status = kRefusedMode;
+  }
+  send_header(*links.peers[worker], kWorkerPeer, reply, options.timeout);
+  if (reply.status != 0) {
+    throw ContractError(name() + " refused worker " + std::to_string(worker) +
+                        (reply.status == kRefusedModel
+                             ? ": its model's parameters (names, shapes, dtypes) differ from "
+                               "the server's; build the same model on every rank"
+                             : ": it runs mode " + describe_mode(h.value) + ", the server " +
+                                   describe_mode(mode_word(options))));
+  }
+}
+
+void Server::Impl::handle_pull(int worker, const Header& h) {
+  torch::Tensor snapshot;
+  Header reply;
+  reply.kind = Kind::kReply;
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    changed.wait(lock, [&] { return failure || clocks.may_serve_pull(h.clock); });
+    if (failure) std::rethrow_exception(failure);
+    reply.value = clocks.served_pull(worker, h.clock);
+    reply.clock = h.clock;
+    reply.count = numel;
+    snapshot = slices.empty() ? torch::empty({0}, dtype) : torch::cat(slices);
+  }
+  Communicator& link = *links.peers[worker];
+  send_header(link, kWorkerPeer, reply, options.timeout);
+  send_tensor(link, kWorkerPeer, kParamsTag, snapshot, options.timeout);
+}
+
+void Server::Impl::handle_push(int worker, const Header& h, torch::Tensor& buffer) {
+  if (h.count != numel) {
+    throw ContractError(name() + ": worker " + std::to_string(worker) + " pushed " +
+                        std::to_string(h.count) + " elements, the shard holds " +
+                        std::to_string(numel));
+  }
+  recv_tensor(*links.peers[worker], kWorkerPeer, kPushTag, buffer, options.timeout);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (failure) std::rethrow_exception(failure);
+  torch::NoGradGuard no_grad;
+  const bool round_complete = clocks.pushed(worker, h.clock);
+  if (options.mode != Mode::kSync) {
+    apply(buffer);
+  } else {
+    round_sum.add_(buffer);
+    if (round_complete) {
+      round_sum.div_(clocks.round_pushes());
+      apply(round_sum);
+      round_sum.zero_();
+      clocks.round_applied();
+    }
+  }
+  changed.notify_all();
+}
+
+void Server::Impl::lose(int worker, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mutex);
+  clocks.left(worker);
+  if (!why.empty()) lost.push_back("worker " + std::to_string(worker) + ": " + why);
+  if (!why.empty() && options.mode == Mode::kSync && !failure) {
+    // Every step needs every worker: stop, and tell the others at once.
+    const std::string reason = name() + " (mode sync) lost worker " + std::to_string(worker) +
+                               " (world rank " + std::to_string(worker) + "): " + why;
+    failure = std::make_exception_ptr(RuntimeFault(reason, {worker}));
+    for (size_t w = 0; w < links.peers.size(); ++w) {
+      if (static_cast<int>(w) != worker) links.peers[w]->abort(reason, {});
+    }
+  }
+  // A round may now be complete without this worker (it left after pushing
+  // nothing more); apply it so that the others go on.
+  if (!failure && options.mode == Mode::kSync && clocks.round_pushes() > 0 &&
+      clocks.round_pushes() >= clocks.live_workers()) {
+    torch::NoGradGuard no_grad;
+    round_sum.div_(clocks.round_pushes());
+    apply(round_sum);
+    round_sum.zero_();
+    clocks.round_applied();
+  }
+  changed.notify_all();
+}
+
+void Server::Impl::serve(int worker) {
+  Communicator& link = *links.peers[worker];
+  const std::string source = name() + ", request from worker " + std::to_string(worker);
+  torch::Tensor buffer = torch::empty({numel}, dtype);
+  try {
+    for (;;) {
+      const Header h = recv_header(link, kWorkerPeer, kRequestTag, options.idle_timeout, source);
+      switch (h.kind) {
+        case Kind::kHello:
+          handle_hello(worker, h);
+          break;
+        case Kind::kPull:
+          handle_pull(worker, h);
+          break;
+        case Kind::kPush:
+          handle_push(worker, h, buffer);
+          break;
+        case Kind::kDone:
+          lose(worker, "");
+          return;
+        case Kind::kReply:
+          throw ContractError(source + ": a reply where a request was expected");
+      }
+    }
+  } catch (const std::exception& e) {
+    lose(worker, e.what());
+  }
+}
+
+Server::Server(const NamedParameters& parameters, const OptimizerFactory& make_optimizer,
+               Links links, const PsOptions& options)
+    : impl_(std::make_unique<Impl>(links.roles.workers, options)) {
+  Impl& s = *impl_;
+  s.links = std::move(links);
+  s.server = s.links.roles.server_index();
+  if (!s.links.roles.is_server() ||
+      s.links.peers.size() != static_cast<size_t>(s.links.roles.workers)) {
+    throw ContractError("kolo::ps::Server: rank " + std::to_string(s.links.roles.rank) +
+                        " is not a server (servers are the last KOLO_PS_SERVERS ranks)");
+  }
+  s.specs = specs_of(parameters, s.name(), &s.dtype);
+  s.fingerprint = fingerprint(s.specs);
+  s.partition = Partition::by_bytes(s.specs, s.links.roles.servers);
+  s.numel = s.partition.shard_numel[s.server];
+  torch::NoGradGuard no_grad;
+  for (const Slice& slice : s.partition.slices[s.server]) {
+    torch::Tensor piece =
+        parameters[slice.variable].value().detach().reshape({-1}).slice(0, slice.begin, slice.end);
+    s.slices.push_back(piece.clone().set_requires_grad(true));
+  }
+  s.optimizer = make_optimizer(s.slices);
+  if (!s.optimizer) throw ContractError(s.name() + ": the optimizer factory returned null");
+  s.round_sum = torch::zeros({s.numel}, s.dtype);
+}
+
+Server::~Server() = default;
+
+void Server::run() {
+  std::vector<std::thread> threads;
+  for (int w = 0; w < impl_->links.roles.workers; ++w) {
+    threads.emplace_back([this, w] { impl_->serve(w); });
+  }
+  for (std::thread& t : threads) t.join();
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (impl_->failure) std::rethrow_exception(impl_->failure);
+}
+
+Server::Stats Server::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  Stats stats;
+  stats.staleness = impl_->clocks.stats();
+  stats.rounds = impl_->clocks.rounds_applied();
+  stats.lost = impl_->lost;
+  return stats;
+}
+
+std::vector<torch::Tensor> Server::shard() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->slices;
+}
+
+const std::vector<Slice>& Server::slices() const { return impl_->partition.slices[impl_->server]; }
+
+// ---- Worker ----
+
+struct Worker::Impl {
+  PsOptions options;
+  Links links;
+  std::vector<torch::Tensor> parameters;  // the model's, in spec order
+  std::vector<VariableSpec> specs;
+  Partition partition;
+  c10::ScalarType dtype = torch::kFloat;
+  std::vector<torch::Tensor> buffers;  // per server: its shard's elements
+  int64_t clock = 0;
+  bool finished = false;
+  Stats stats;
+
+  std::string name() const {
+    return "kolo::ps::Worker " + std::to_string(links.roles.worker_index());
+  }
+  std::string server_name(int s) const {
+    return "parameter server " + std::to_string(s) + " (world rank " +
+           std::to_string(links.roles.server_rank(s)) + ")";
+  }
+
+  // Runs fn on server s's link; a failed link is a RuntimeFault naming the server.
+  template <typename Fn>
+  void on_server(int s, const char* what, Fn&& fn) {
+    try {
+      fn(*links.peers[s]);
+    } catch (const ContractError&) {
+      throw;
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(name() + " " + what + ": " + server_name(s) +
+                             " did not answer in time (PsOptions::timeout): " + e.what(),
+                         {links.roles.server_rank(s)});
+    } catch (const RuntimeFault& e) {
+      throw RuntimeFault(name() + " " + what + ": " + server_name(s) + " is gone: " + e.what(),
+                         {links.roles.server_rank(s)});
+    }
+  }
+};
+
+Worker::Worker(const NamedParameters& parameters, Links links, const PsOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& w = *impl_;
+  w.options = options;
+  w.links = std::move(links);
+  if (w.links.roles.is_server() ||
+      w.links.peers.size() != static_cast<size_t>(w.links.roles.servers)) {
+    throw ContractError("kolo::ps::Worker: rank " + std::to_string(w.links.roles.rank) +
+                        " is a server (servers are the last KOLO_PS_SERVERS ranks)");
+  }
+  if (options.max_staleness < 0) {
+    throw ContractError(w.name() + ": max_staleness must be >= 0, got " +
+                        std::to_string(options.max_staleness));
+  }
+  w.specs = specs_of(parameters, w.name(), &w.dtype);
+  for (const auto& item : parameters) w.parameters.push_back(item.value());
+  w.partition = Partition::by_bytes(w.specs, w.links.roles.servers);
+  for (int64_t n : w.partition.shard_numel) w.buffers.push_back(torch::empty({n}, w.dtype));
+  Header hello;
+  hello.kind = Kind::kHello;
+  hello.fingerprint = fingerprint(w.specs);
+  hello.value = mode_word(options);
+  for (int s = 0; s < w.links.roles.servers; ++s) {
+    w.on_server(s, "hello", [&](Communicator& link) {
+      send_header(link, kServerPeer, hello, options.timeout);
+      const Header reply = recv_header(link, kServerPeer, kReplyTag, options.timeout, w.name());
+      if (reply.status == kRefusedModel) {
+        throw ContractError(w.name() + ": " + w.server_name(s) +
+                            " holds a different model (parameter names, shapes or dtypes "
+                            "differ); build the same model on every rank");
+      }
+      if (reply.status == kRefusedMode) {
+        throw ContractError(w.name() + ": runs mode " + describe_mode(hello.value) + " but " +
+                            w.server_name(s) + " runs " + describe_mode(reply.value) +
+                            "; pass the same PsOptions on every rank");
+      }
+    });
+  }
+}
+
+Worker::~Worker() {
+  if (impl_ && !impl_->finished) {
+    try {
+      finish();
+    } catch (...) {
+      // Leaving anyway: the servers count a broken link as a worker gone.
+    }
+  }
+}
+
+void Worker::pull() {
+  Impl& w = *impl_;
+  if (w.finished) throw ContractError(w.name() + ": pull() after finish()");
+  Header request;
+  request.kind = Kind::kPull;
+  request.clock = w.clock;
+  const int servers = w.links.roles.servers;
+  for (int s = 0; s < servers; ++s) {
+    w.on_server(s, "pull", [&](Communicator& link) {
+      send_header(link, kServerPeer, request, w.options.timeout);
+    });
+  }
+  torch::NoGradGuard no_grad;
+  for (int s = 0; s < servers; ++s) {
+    w.on_server(s, "pull", [&](Communicator& link) {
+      const Header reply = recv_header(link, kServerPeer, kReplyTag, w.options.timeout, w.name());
+      if (reply.count != w.buffers[s].numel() || reply.clock != w.clock) {
+        throw ContractError(w.name() + ": " + w.server_name(s) + " answered step " +
+                            std::to_string(reply.clock) + " with " + std::to_string(reply.count) +
+                            " elements; expected step " + std::to_string(w.clock) + " with " +
+                            std::to_string(w.buffers[s].numel()));
+      }
+      recv_tensor(link, kServerPeer, kParamsTag, w.buffers[s], w.options.timeout);
+      w.stats.max_staleness_seen = std::max(w.stats.max_staleness_seen, reply.value);
+    });
+    int64_t offset = 0;
+    for (const Slice& slice : w.partition.slices[s]) {
+      w.parameters[slice.variable]
+          .view({-1})
+          .slice(0, slice.begin, slice.end)
+          .copy_(w.buffers[s].slice(0, offset, offset + slice.numel()));
+      offset += slice.numel();
+    }
+    w.stats.bytes_pulled += w.buffers[s].numel() * w.buffers[s].element_size();
+  }
+}
+
+void Worker::push() {
+  Impl& w = *impl_;
+  if (w.finished) throw ContractError(w.name() + ": push() after finish()");
+  torch::NoGradGuard no_grad;
+  for (int s = 0; s < w.links.roles.servers; ++s) {
+    int64_t offset = 0;
+    for (const Slice& slice : w.partition.slices[s]) {
+      torch::Tensor piece = w.buffers[s].slice(0, offset, offset + slice.numel());
+      const torch::Tensor& grad = w.parameters[slice.variable].grad();
+      if (grad.defined()) {
+        piece.copy_(grad.reshape({-1}).slice(0, slice.begin, slice.end));
+      } else {
+        piece.zero_();
+      }
+      offset += slice.numel();
+    }
+    Header request;
+    request.kind = Kind::kPush;
+    request.clock = w.clock;
+    request.count = w.buffers[s].numel();
+    w.on_server(s, "push", [&](Communicator& link) {
+      send_header(link, kServerPeer, request, w.options.timeout);
+      send_tensor(link, kServerPeer, kPushTag, w.buffers[s], w.options.timeout);
+    });
+    w.stats.bytes_pushed += w.buffers[s].numel() * w.buffers[s].element_size();
+  }
+  w.clock += 1;
+}
+
+void Worker::finish() {
+  Impl& w = *impl_;
+  if (w.finished) return;
+  w.finished = true;
+  Header done;
+  done.kind = Kind::kDone;
+  done.clock = w.clock;
+  for (int s = 0; s < w.links.roles.servers; ++s) {
+    w.on_server(s, "finish", [&](Communicator& link) {
+      send_header(link, kServerPeer, done, w.options.timeout);
+    });
+  }
+}
+
+int64_t Worker::clock() const { return impl_->clock; }
+
+Worker::Stats Worker::stats() const { return impl_->stats; }
+
+}  // namespace kolo::ps
