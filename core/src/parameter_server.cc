@@ -8,6 +8,7 @@
 
 #include "kolo/core/errors.h"
 #include "kolo/core/runtime.h"
+#include "kolo/core/split.h"
 
 namespace kolo::ps {
 
@@ -62,8 +63,8 @@ Partition Partition::by_bytes(const std::vector<VariableSpec>& specs, int server
     throw ContractError("kolo::ps::Partition: needs at least one server, got " +
                         std::to_string(servers));
   }
-  // Byte offsets of the variables laid end to end; server s takes the bytes
-  // [s * total / S, (s + 1) * total / S), rounded to whole elements.
+  // Byte offsets of the variables laid end to end; server s takes part s of
+  // the bytes by kolo's one split rule (split.h), rounded to whole elements.
   int64_t total = 0;
   for (const VariableSpec& v : specs)
     total += v.numel() * static_cast<int64_t>(dtype_size(v.dtype));
@@ -75,8 +76,9 @@ Partition Partition::by_bytes(const std::vector<VariableSpec>& specs, int server
     const int64_t esize = static_cast<int64_t>(dtype_size(specs[i].dtype));
     const int64_t n = specs[i].numel();
     for (int s = 0; s < servers; ++s) {
-      const int64_t lo = total * s / servers;
-      const int64_t hi = total * (s + 1) / servers;
+      const EvenSplit part = even_split(total, servers, s);
+      const int64_t lo = part.begin;
+      const int64_t hi = part.begin + part.count;
       // Elements whose first byte lies in [lo, hi) (a negative numerator
       // rounds toward zero, and the clamp takes it to 0 either way).
       const int64_t begin = std::clamp<int64_t>((lo - offset + esize - 1) / esize, 0, n);
