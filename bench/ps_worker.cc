@@ -158,6 +158,8 @@ int run_ps_worker(const PsWorkerOptions& options) {
     }
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  // Per training step: taken before the evaluation's pull below.
+  const ps::Worker::Stats moved = ps ? ps_worker->stats() : ps::Worker::Stats{};
   if (ps) ps_worker->pull();  // the parameters after every update this worker waited for
   nlohmann::json row = {{"role", "worker"},
                         {"rank", kolo::rank()},
@@ -165,9 +167,8 @@ int run_ps_worker(const PsWorkerOptions& options) {
                         {"seconds", seconds},
                         {"steps", steps}};
   if (ps) {
-    const ps::Worker::Stats stats = ps_worker->stats();
-    row["bytes_per_step"] = (stats.bytes_pulled + stats.bytes_pushed) / std::max<int64_t>(1, steps);
-    row["max_staleness_seen"] = stats.max_staleness_seen;
+    row["bytes_per_step"] = (moved.bytes_pulled + moved.bytes_pushed) / std::max<int64_t>(1, steps);
+    row["max_staleness_seen"] = moved.max_staleness_seen;
   } else {
     // Ring allreduce of the gradients: 2 (n - 1) / n of them leave (and
     // arrive at) each worker per step.
