@@ -37,7 +37,7 @@ Roles roles_from(const Topology& topology, const Config& config) {
   if (servers <= 0) {
     throw ContractError(
         "kolo::ps::roles: KOLO_PS_SERVERS is not set, so this job has no parameter servers; "
-        "launch with `kolorun -np W --servers S` (or set KOLO_PS_SERVERS=S for mpirun: the last "
+        "launch with kolorun -np W --servers S (or set KOLO_PS_SERVERS=S for mpirun: the last "
         "S ranks serve)");
   }
   if (servers >= topology.size) {
