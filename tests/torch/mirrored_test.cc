@@ -59,6 +59,15 @@ struct ReplicaMlpImpl : torch::nn::Cloneable<ReplicaMlpImpl> {
 };
 TORCH_MODULE(ReplicaMlp);
 
+// `replicas` replicas of `threads` intra-op threads on the tests' engine settings.
+MirroredOptions test_options(int replicas, int threads = 1) {
+  MirroredOptions options;
+  options.replicas = replicas;
+  options.threads_per_replica = threads;
+  options.engine = testing::torch_test_engine_options();
+  return options;
+}
+
 torch::Tensor loss_of(ReplicaMlp& net, const torch::Tensor& x, const torch::Tensor& y) {
   return torch::nn::functional::cross_entropy(net->forward(x), y);
 }
@@ -86,11 +95,8 @@ ReplicaMlp train_single(const ReplicaMlp& initial, const std::vector<Batch>& bat
 std::vector<ReplicaMlp> train_mirrored(const ReplicaMlp& initial, const std::vector<Batch>& batches,
                                        OptimizerKind kind, int replicas, Runtime* runtime,
                                        int ranks = 1, int rank = 0) {
-  MirroredOptions options;
-  options.replicas = replicas;
-  options.threads_per_replica = 1;
+  MirroredOptions options = test_options(replicas);
   options.runtime = runtime;
-  options.engine = testing::torch_test_engine_options();
   MirroredStrategy strategy(options);
   EXPECT_EQ(strategy.replicas(), replicas);
   EXPECT_EQ(strategy.num_replicas_in_sync(), ranks * replicas);
@@ -146,11 +152,7 @@ INSTANTIATE_TEST_SUITE_P(Replicas, MirroredEquivalence,
 // Each replica computes with its own intra-op threads, and its engine serves
 // everything a rank's does: here a process set of two of three replicas.
 TEST(MirroredReplicas, HaveTheirThreadsAndProcessSets) {
-  MirroredOptions options;
-  options.replicas = 3;
-  options.threads_per_replica = 2;
-  options.engine = testing::torch_test_engine_options();
-  MirroredStrategy strategy(options);
+  MirroredStrategy strategy(test_options(3, 2));
   EXPECT_EQ(strategy.threads_per_replica(), 2);
   std::vector<int> threads(3, 0);
   std::vector<float> sums(3, 0);
@@ -272,11 +274,7 @@ TEST(MirroredErrors, BadInputIsAClearContractError) {
 // timeout, which would be a TimeoutError), run() rethrows the first error,
 // and the strategy refuses further runs.
 TEST(MirroredErrors, AFailingReplicaEndsTheOthersAndTheStrategy) {
-  MirroredOptions options;
-  options.replicas = 3;
-  options.threads_per_replica = 1;
-  options.engine = testing::torch_test_engine_options();
-  MirroredStrategy strategy(options);
+  MirroredStrategy strategy(test_options(3));
   std::vector<std::string> seen(3);
   std::string error = [&] {
     try {
