@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "elastic/round_store.h"
+#include "elastic/state_access.h"
 #include "kolo/core/elastic.h"
 #include "log.h"
 
@@ -164,7 +165,7 @@ void run(State& state, const std::function<void()>& train, const RunOptions& opt
     std::string reason;
     std::optional<RuntimeFault> fault;
     try {
-      state.attach(&worker->rendezvous(), worker->round());
+      detail::ElasticStateAccess::attach(state, &worker->rendezvous(), worker->round());
       // Back to the last commit (survivors; a newcomer has none), then
       // everyone takes rank 0's, which kolorun makes the oldest member.
       state.restore();
@@ -173,21 +174,21 @@ void run(State& state, const std::function<void()>& train, const RunOptions& opt
       // received rank 0's state as it was before its callbacks ran, so
       // world-dependent settings (a learning rate scaled by size()) are
       // derived alike everywhere.
-      if (was_member || worker->round() > 1) state.run_reset_callbacks();
+      if (was_member || worker->round() > 1) detail::ElasticStateAccess::run_reset_callbacks(state);
       was_member = true;
       train();
-      state.attach(nullptr, 0);
+      detail::ElasticStateAccess::attach(state, nullptr, 0);
       return;
     } catch (const MembershipChanged& e) {
       reason = std::string("membership change: ") + e.what();
     } catch (const ContractError&) {
-      state.attach(nullptr, 0);
+      detail::ElasticStateAccess::attach(state, nullptr, 0);
       throw;  // a bug, not a fault: retrying would fail the same way
     } catch (const RuntimeFault& e) {
       reason = std::string("fault: ") + e.what();
       fault = e;
     }
-    state.attach(nullptr, 0);
+    detail::ElasticStateAccess::attach(state, nullptr, 0);
     worker->leave(reason, fault ? &*fault : nullptr);
   }
 }

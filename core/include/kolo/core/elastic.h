@@ -29,6 +29,10 @@
 #include "kolo/core/store.h"
 
 #pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
+namespace kolo::detail {
+struct ElasticStateAccess;  // core/src/elastic/state_access.h
+}
+
 namespace kolo::elastic {
 
 // Thrown by State::commit() on every member at the same commit when kolorun
@@ -143,7 +147,6 @@ class State {
   // after the job's first, on every member (a newcomer too, since the state
   // it received is rank 0's from before rank 0's callbacks ran).
   void on_reset(std::function<void()> callback);
-  void run_reset_callbacks();
   // Makes `bytes` (what committed() returned, or the file commit_path holds)
   // the last commit and restores it: to resume from a commit on disk.
   // ContractError when the bytes do not fit this state.
@@ -174,8 +177,6 @@ class State {
   int world_rank() const;
   int world_size() const;
 
-  // Set by run(): where commit() asks about newer rounds (nullptr outside run()).
-  void attach(Rendezvous* rendezvous, int64_t round);
   // The round of the world this state trains in (0 outside run()).
   int64_t round() const { return round_; }
 
@@ -186,6 +187,13 @@ class State {
   virtual void deserialize(const Bytes& bytes) = 0;
 
  private:
+  // run()'s side of the state (core/src/elastic/state_access.h): it attaches
+  // the round's rendezvous, where commit() asks about newer rounds, and runs
+  // the reset callbacks after a re-formation. Not for users.
+  friend struct kolo::detail::ElasticStateAccess;
+  void attach(Rendezvous* rendezvous, int64_t round);
+  void run_reset_callbacks();
+
   Bytes serialize_all();
   Communicator& world();  // Options::world or the default runtime's (initialised)
   void deserialize_all(const Bytes& bytes);

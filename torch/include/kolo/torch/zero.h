@@ -161,11 +161,13 @@ class ShardedUnitImpl : public torch::nn::Module {
   // The wrapped module.
   torch::nn::Module& module() const { return *inner_.ptr(); }
 
-  // Internal: set by the stage-3 ZeroOptimizer.
+ private:
+  // The stage-3 ZeroOptimizer adopts the unit (its constructor) and lets it go
+  // (its destructor).
+  friend class ZeroOptimizer;
   KOLO_HIDDEN void attach(std::weak_ptr<detail::ZeroState> state, int unit);
   KOLO_HIDDEN void detach();
 
- private:
   void adopt_children();
   torch::nn::AnyModule inner_;
   std::weak_ptr<detail::ZeroState> state_;
@@ -228,9 +230,13 @@ class ZeroOptimizer : public ParallelOptimizer {
   };
   std::vector<BucketInfo> buckets() const;
 
-  detail::ZeroState& state() { return *state_; }  // internal
-
  private:
+  // The sharded checkpoint reads and restores the shards' internals.
+  friend void save_zero_checkpoint(const std::string& dir, ZeroOptimizer& optimizer,
+                                   const CheckpointState& state);
+  friend CheckpointState load_zero_checkpoint(const std::string& dir, ZeroOptimizer& optimizer);
+  detail::ZeroState& state() { return *state_; }
+
   void save(const std::string& dir, const CheckpointState& state) override;
   CheckpointState load(const std::string& dir) override;
 
