@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "comm/shm_segment.h"
+#include "proc_stat.h"
 
 namespace kolo::launcher {
 namespace {
@@ -247,16 +248,8 @@ void WorkerPool::reap_strays() {
     char* end = nullptr;
     const long pid = std::strtol(entry->d_name, &end, 10);
     if (*end != '\0' || pid <= 0) continue;
-    std::ifstream stat("/proc/" + std::string(entry->d_name) + "/stat");
-    const std::string text((std::istreambuf_iterator<char>(stat)),
-                           std::istreambuf_iterator<char>());
-    const size_t paren = text.rfind(')');
-    if (paren == std::string::npos) continue;
-    std::istringstream fields(text.substr(paren + 2));
-    char state;
-    long ppid = 0;
-    fields >> state >> ppid;
-    if (ppid == self) {
+    const std::optional<detail::ProcStat> stat = detail::read_proc_stat(static_cast<pid_t>(pid));
+    if (stat && stat->ppid == self) {
       ::kill(static_cast<pid_t>(pid), SIGKILL);
       waitpid(static_cast<pid_t>(pid), nullptr, 0);
     }

@@ -14,6 +14,8 @@
 #include <sstream>
 #include <thread>
 
+#include "proc_stat.h"  // core/src: header-only
+
 extern char** environ;
 
 namespace kolo::kolorun_test {
@@ -160,11 +162,8 @@ RunResult run_program(const std::string& program, const std::vector<std::string>
 
 bool process_gone(pid_t pid) {
   if (kill(pid, 0) != 0 && errno == ESRCH) return true;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  size_t paren = text.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= text.size()) return true;
-  return text[paren + 2] == 'Z';
+  const std::optional<detail::ProcStat> stat = detail::read_proc_stat(pid);
+  return !stat || stat->state == 'Z';
 }
 
 bool wait_gone(pid_t pid, std::chrono::milliseconds timeout) {
