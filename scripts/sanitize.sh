@@ -11,9 +11,10 @@ seconds=${KOLO_FUZZ_SECONDS:-35}
 CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DKOLO_FUZZ=ON -DKOLO_FUZZ_SECONDS="$seconds" >/dev/null
 # KOLO_SANITIZE_TIERS: ctest labels of the test tiers run under the
-# sanitizers besides the fuzz targets (CI: none yet; "unit collectives" builds
-# and runs those tiers too).
-tiers=${KOLO_SANITIZE_TIERS:-}
+# sanitizers besides the fuzz targets. Default (CI): the unit and collectives
+# tiers, ranks as threads, which cover the core's communicators, engine, store
+# and decoders; set it empty for the fuzz targets alone.
+tiers=${KOLO_SANITIZE_TIERS-unit collectives}
 if [[ -n $tiers ]]; then
   cmake --build build-asan -j "$(nproc)" --target kolo_sanitized
 else

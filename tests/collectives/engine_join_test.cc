@@ -28,7 +28,10 @@ float value(int rank, int step, size_t i) { return float(rank * 10 + step) + 0.2
 // Rank r runs steps(r) steps of every collective kind, then joins. At step k
 // the ranks still running contribute; the joined ones add nothing.
 TEST_P(EngineJoin, UnevenStepsGiveSumsAndAveragesOverTheRanksStillRunning) {
-  const auto& [backend, n] = GetParam();
+  // Not a structured binding: lambdas below capture n, which clang before 16
+  // (the sanitizer build's) rejects for bindings.
+  const std::string backend = std::get<0>(GetParam());
+  const int n = std::get<1>(GetParam());
   EngineWorld world(backend, n);
   auto steps = [](int rank) { return 2 + 2 * rank; };
   std::vector<int> last(n, -1);
@@ -114,7 +117,10 @@ TEST_P(EngineJoin, UnevenStepsGiveSumsAndAveragesOverTheRanksStillRunning) {
 // A rank submits a (cached) tensor and joins without waiting for it: the
 // tensor still counts as its contribution, not as a joined rank's zeros.
 TEST_P(EngineJoin, RequestSubmittedJustBeforeJoinStillContributes) {
-  const auto& [backend, n] = GetParam();
+  // Not a structured binding: lambdas below capture n, which clang before 16
+  // (the sanitizer build's) rejects for bindings.
+  const std::string backend = std::get<0>(GetParam());
+  const int n = std::get<1>(GetParam());
   EngineWorld world(backend, n);
   std::vector<int> last(n, -1);
   run_ranks(n, [&](int rank) {
@@ -158,7 +164,10 @@ class EngineProcessSets : public ::testing::TestWithParam<std::tuple<std::string
 // submits on all its sets and the world in its own order; sums cover exactly
 // the members. A non-member's request is a ContractError at submit.
 TEST_P(EngineProcessSets, OverlappingSetsNegotiateIndependently) {
-  const auto& [backend, n] = GetParam();
+  // Not a structured binding: lambdas below capture n, which clang before 16
+  // (the sanitizer build's) rejects for bindings.
+  const std::string backend = std::get<0>(GetParam());
+  const int n = std::get<1>(GetParam());
   EngineWorld world(backend, n);
   std::vector<std::vector<int>> members;
   if (n == 4) {

@@ -99,7 +99,10 @@ std::vector<MismatchCase> mismatch_cases() {
 class EngineMismatch : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(EngineMismatch, EveryRankFailsWithTheValuesAndTheNextStepWorks) {
-  const auto& [backend, n] = GetParam();
+  // Not a structured binding: lambdas below capture n, which clang before 16
+  // (the sanitizer build's) rejects for bindings.
+  const std::string backend = std::get<0>(GetParam());
+  const int n = std::get<1>(GetParam());
   EngineWorld world(backend, n);
   const auto cases = mismatch_cases();
   std::vector<std::vector<std::string>> messages(n, std::vector<std::string>(cases.size()));
@@ -142,7 +145,10 @@ TEST_P(EngineMismatch, EveryRankFailsWithTheValuesAndTheNextStepWorks) {
 // with another shape by one rank: the two paths (bit vector, full round) must
 // not split the name; every rank fails, then the old shape works again.
 TEST_P(EngineMismatch, ChangedShapeOfACachedNameFailsEverywhere) {
-  const auto& [backend, n] = GetParam();
+  // Not a structured binding: lambdas below capture n, which clang before 16
+  // (the sanitizer build's) rejects for bindings.
+  const std::string backend = std::get<0>(GetParam());
+  const int n = std::get<1>(GetParam());
   EngineWorld world(backend, n);
   std::vector<std::string> messages(n);
   std::vector<Engine::Stats> stats(n);

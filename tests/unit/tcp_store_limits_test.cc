@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <fstream>
 #include <functional>
 #include <mutex>
@@ -32,6 +33,24 @@ using std::chrono::milliseconds;
 constexpr milliseconds kTimeout{10000};
 const std::string kSecret = "0123456789abcdef0123456789abcdef";
 constexpr int64_t kMiB = 1 << 20;
+
+// The bound on the server's growth in resident memory during an attack.
+// Under AddressSanitizer (scripts/sanitize.sh) freed blocks stay resident in
+// its quarantine (256 MiB by default) and every allocation adds shadow
+// memory, so there resident size does not measure what the server keeps and
+// the bound is lifted; the attacks' other expectations still hold.
+#if defined(__SANITIZE_ADDRESS__)
+#define KOLO_TEST_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KOLO_TEST_UNDER_ASAN 1
+#endif
+#endif
+#ifdef KOLO_TEST_UNDER_ASAN
+constexpr int64_t kRssGrowthBound = INT64_MAX;
+#else
+constexpr int64_t kRssGrowthBound = 16 * kMiB;
+#endif
 
 using bench::AttackOptions;
 using bench::resident_bytes;
@@ -120,7 +139,7 @@ TEST(TcpStoreLimits, AFrameWithoutTheSecretIsDroppedAfterItsHeader) {
   EXPECT_EQ(attack.closed_by_server, 1);
   // Only what the kernel's socket buffers took before the close went out.
   EXPECT_LT(attack.bytes_sent, 64 * kMiB);
-  EXPECT_LT(attack.peak_rss_bytes - before, 16 * kMiB);
+  EXPECT_LT(attack.peak_rss_bytes - before, kRssGrowthBound);
   EXPECT_NE(reports.all().find("without a valid tag"), std::string::npos) << reports.all();
 }
 
@@ -139,7 +158,7 @@ TEST(TcpStoreLimits, AClientThatNeverReadsItsRepliesStallsOnlyItself) {
   expect_store_works(*good, "during");
   attacker_thread.join();
   EXPECT_GT(attack.bytes_sent, 300 << 10);  // the value and some gets went out
-  EXPECT_LT(attack.peak_rss_bytes - before, 16 * kMiB);
+  EXPECT_LT(attack.peak_rss_bytes - before, kRssGrowthBound);
   expect_store_works(*good, "after");
 }
 

@@ -131,6 +131,14 @@ void copy_bytes(void* dst, const void* src, size_t bytes) {
   if (bytes != 0 && dst != src) std::memcpy(dst, src, bytes);
 }
 
+// p + offset where `bytes` bytes are copied there, else p itself: a rank's
+// empty block may come as a null pointer, and offsetting null is undefined
+// behaviour even when nothing is copied (UBSan reports it).
+template <typename T>
+T* at_offset(T* p, size_t offset, size_t bytes) {
+  return bytes == 0 ? p : p + offset;
+}
+
 // The vector an allreduce works on: one contiguous buffer (allreduce) or the
 // concatenation of allreduce_segments' segments. The algorithms address it by
 // element ranges, which map to pieces of the segments, so they copy straight
@@ -1032,12 +1040,12 @@ void ShmCommunicator::gather_blocks(const Call& call, const CallSignature& signa
       return block_bytes[k] > offset ? std::min(slot_bytes_, block_bytes[k] - offset) : 0;
     };
     if (s == 0) publish(call, signature, b);
-    copy_bytes(slot(rank_, b), in + offset, part(rank_));
+    copy_bytes(slot(rank_, b), at_offset(in, offset, part(rank_)), part(rank_));
     sync(call);
     if (s == 0) verify(call, b);
     for (int k = 0; k < size_; ++k) {
       if (k == rank_ && in_place) continue;
-      copy_bytes(out + block_offset[k] + offset, slot(k, b), part(k));
+      copy_bytes(at_offset(out, block_offset[k] + offset, part(k)), slot(k, b), part(k));
     }
   }
 }
@@ -1221,13 +1229,15 @@ void ShmCommunicator::alltoallv(const void* in, const std::vector<size_t>& send_
       b = next_buffer();
       const size_t offset = s * piece;
       for (size_t j = 0; j < n; ++j) {
-        copy_bytes(slot(rank_, b) + j * piece, src + send_offset[j] + offset,
-                   part(send_counts[j] * esize, offset));
+        const size_t bytes = part(send_counts[j] * esize, offset);
+        copy_bytes(slot(rank_, b) + j * piece, at_offset(src, send_offset[j] + offset, bytes),
+                   bytes);
       }
       sync(call);
       for (size_t k = 0; k < n; ++k) {
-        copy_bytes(dst + recv_offset[k] + offset, slot(k, b) + rank_ * piece,
-                   part(recv_counts[k] * esize, offset));
+        const size_t bytes = part(recv_counts[k] * esize, offset);
+        copy_bytes(at_offset(dst, recv_offset[k] + offset, bytes), slot(k, b) + rank_ * piece,
+                   bytes);
       }
     }
   });
