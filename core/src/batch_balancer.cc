@@ -87,7 +87,8 @@ std::vector<int64_t> BatchBalancer::split(int64_t global_batch, const std::vecto
   }
   std::vector<double> weight(n, 1.0);
   if (slowest > 0) {
-    for (size_t i = 0; i < n; ++i) weight[i] = rates[i] > 0 && std::isfinite(rates[i]) ? rates[i] : slowest;
+    for (size_t i = 0; i < n; ++i)
+      weight[i] = rates[i] > 0 && std::isfinite(rates[i]) ? rates[i] : slowest;
   }
   // Water-filling: ranks whose proportional share falls below the floor get
   // the floor; the rest share what remains in proportion to their weights.
@@ -98,8 +99,10 @@ std::vector<int64_t> BatchBalancer::split(int64_t global_batch, const std::vecto
     int64_t free = global_batch;
     double total = 0;
     for (size_t i = 0; i < n; ++i) {
-      if (clamped[i]) free -= floor_batch;
-      else total += weight[i];
+      if (clamped[i])
+        free -= floor_batch;
+      else
+        total += weight[i];
     }
     bool changed = false;
     for (size_t i = 0; i < n; ++i) {
@@ -171,7 +174,7 @@ BatchBalancer::BatchBalancer(const BatchBalancerOptions& options)
                                     options.smoothing,
                                     options.min_fraction,
                                     options.min_gain};
-  const char* names[] = {"global_batch", "granularity", "interval",
+  const char* names[] = {"global_batch", "granularity",  "interval",
                          "smoothing",    "min_fraction", "min_gain"};
   const size_t k = mine.size();
   std::vector<double> wire(2 * k + 1);
@@ -196,8 +199,8 @@ BatchBalancer::BatchBalancer(const BatchBalancerOptions& options)
     }
   }
   rates_.assign(size_, 0.0);
-  set_batches(split(options.global_batch, std::vector<double>(size_, 1.0), 1.0,
-                    options.granularity));
+  set_batches(
+      split(options.global_batch, std::vector<double>(size_, 1.0), 1.0, options.granularity));
 }
 
 void BatchBalancer::set_batches(std::vector<int64_t> batches) {

@@ -130,8 +130,8 @@ void place_in_group(const TensorParallelOptions& options, const std::string& wha
                         ": TensorParallelOptions::name is empty; give each layer a name that is "
                         "unique in its group (its requests are named after it)");
   }
-  const detail::SetPosition position = detail::set_position(
-      engine_of(options, "kolo " + what), options.process_set, "kolo " + what);
+  const detail::SetPosition position =
+      detail::set_position(engine_of(options, "kolo " + what), options.process_set, "kolo " + what);
   *rank = position.rank;
   *size = position.size;
 }

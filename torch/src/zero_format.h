@@ -91,8 +91,8 @@ struct ZeroIndexFile {
   // every rank's save_state(), "hook/<r>" (absent without a hook).
   std::string hook;
   std::vector<std::string> hook_states;
-  int64_t hook_step = 0;  // "hook/step": the exchanges completed at the save
-  std::vector<std::string> files;                     // per shard
+  int64_t hook_step = 0;           // "hook/step": the exchanges completed at the save
+  std::vector<std::string> files;  // per shard
   std::vector<std::vector<ZeroSegmentRef>> segments;  // per shard
 };
 

@@ -86,10 +86,10 @@ namespace kolo {
 // set whose ranks share the batch (0 = every rank), and how long each of its
 // collectives may wait (0 = no limit of its own).
 struct BatchBalancerOptions : CallOptions {
-  int64_t global_batch = 0;   // G: samples per step summed over all ranks
-  int64_t granularity = 1;    // batches are multiples of it; G % granularity == 0
-  int interval = 10;          // record() calls (steps) between rebalances
-  double smoothing = 0.5;     // weight of the newest rate in the running average, (0, 1]
+  int64_t global_batch = 0;    // G: samples per step summed over all ranks
+  int64_t granularity = 1;     // batches are multiples of it; G % granularity == 0
+  int interval = 10;           // record() calls (steps) between rebalances
+  double smoothing = 0.5;      // weight of the newest rate in the running average, (0, 1]
   double min_fraction = 0.25;  // floor of a rank's batch as a fraction of G / size, (0, 1]
   double min_gain = 0.03;      // predicted step-time gain a new split needs, [0, 1)
   std::string name = "kolo.batch_balancer";  // request name prefix (distinct per balancer)

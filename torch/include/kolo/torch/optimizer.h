@@ -143,9 +143,9 @@ struct DistributedOptimizerOptions : GradientOptions {
   // many bytes (as sent, i.e. after compression), laid out in the order
   // backward() makes them ready; 0 = each gradient alone, the moment it is
   // ready. See "Buckets" above for why the default is DDP's 25 MiB.
-  ReduceOp op = ReduceOp::kAverage;  // kAverage or kSum
+  ReduceOp op = ReduceOp::kAverage;              // kAverage or kSum
   Compression compression = Compression::kNone;  // kFp16 / kBf16: a compress hook
-  double gradient_predivide_factor = 1.0;  // f > 0; != 1 only with kAverage
+  double gradient_predivide_factor = 1.0;        // f > 0; != 1 only with kAverage
   // What is done with each bucket (comm_hook.h); nullptr = one allreduce
   // request per gradient, fused by the engine. Not with compression (which
   // is a hook itself).

@@ -35,7 +35,7 @@
 namespace kolo {
 
 struct DistributedSamplerOptions {
-  int rank = -1;  // -1 = kolo::rank() of the default runtime
+  int rank = -1;        // -1 = kolo::rank() of the default runtime
   int world_size = -1;  // ranks sharing the dataset; -1 = kolo::size() of the default runtime
   bool shuffle = true;
   uint64_t seed = 0;  // shared by every rank
