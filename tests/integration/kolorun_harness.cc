@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -21,6 +22,16 @@ extern char** environ;
 namespace kolo::kolorun_test {
 
 std::string kolorun_path() { return std::string(KOLO_BINARY_DIR) + "/launcher/kolorun"; }
+std::string bench_path() { return std::string(KOLO_BINARY_DIR) + "/bench/kolo-bench"; }
+
+std::pair<std::string, int> run_shell(const std::string& command) {
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string out;
+  char buffer[4096];
+  while (pipe && fgets(buffer, sizeof(buffer), pipe) != nullptr) out += buffer;
+  const int status = pipe ? pclose(pipe) : -1;
+  return {out, status};
+}
 
 std::string worker_path(const std::string& name) {
   return std::string(KOLO_BINARY_DIR) + "/tests/" + name;

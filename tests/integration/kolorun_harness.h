@@ -7,12 +7,14 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kolo::kolorun_test {
 
 std::string kolorun_path();                        // KOLO_BINARY_DIR/launcher/kolorun
 std::string worker_path(const std::string& name);  // KOLO_BINARY_DIR/tests/<name>
+std::string bench_path();                          // KOLO_BINARY_DIR/bench/kolo-bench
 
 struct RunResult {
   int exit_code = -1;      // kolorun's exit code (-1 when killed by a signal)
@@ -60,6 +62,11 @@ class KolorunProcess {
 RunResult run_program(const std::string& program, const std::vector<std::string>& args,
                       std::chrono::milliseconds timeout,
                       const std::vector<std::string>& extra_env = {});
+
+// Runs `command` through /bin/sh (popen): its stdout and its wait status
+// (-1 when the shell could not be started). No watchdog: bound the command
+// itself (e.g. with `timeout`).
+std::pair<std::string, int> run_shell(const std::string& command);
 
 // Runs kolorun to completion under the watchdog.
 RunResult run_kolorun(const std::vector<std::string>& args,

@@ -15,24 +15,17 @@
 #include <string>
 #include <vector>
 
+#include "kolorun_harness.h"
+
 namespace {
 
-std::string bench_path() { return KOLO_BINARY_DIR "/bench/kolo-bench"; }
-
-// Stdout of `command` and its wait status.
-std::pair<std::string, int> run(const std::string& command) {
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string out;
-  char buffer[4096];
-  while (pipe && fgets(buffer, sizeof(buffer), pipe) != nullptr) out += buffer;
-  const int status = pipe ? pclose(pipe) : -1;
-  return {out, status};
-}
+using kolo::kolorun_test::bench_path;
+using kolo::kolorun_test::run_shell;
 
 bool built() {
   // The mode exists only in a kolo-bench built with libtorch.
   return access(bench_path().c_str(), X_OK) == 0 &&
-         run("'" + bench_path() + "' pipeline --help 2>&1").second == 0;
+         run_shell("'" + bench_path() + "' pipeline --help 2>&1").second == 0;
 }
 
 // A 2-block model small enough for CI; the memory model's accounting is
@@ -45,8 +38,8 @@ const std::string kTiny =
 
 TEST(PipelineBench, JsonRowsCoverEverySchedulePartAndLayout) {
   if (!built()) GTEST_SKIP() << "kolo-bench has no pipeline mode (kolo_torch needs libtorch-dev)";
-  const auto [out, status] = run("timeout 600 '" + bench_path() + "' pipeline --json" + kTiny +
-                                 " --micro-batches 1,4 --memory-limit-mib 3");
+  const auto [out, status] = run_shell("timeout 600 '" + bench_path() + "' pipeline --json" +
+                                       kTiny + " --micro-batches 1,4 --memory-limit-mib 3");
   ASSERT_EQ(status, 0) << out;
   std::set<std::pair<std::string, int>> bubble;
   std::set<std::string> throughput;
@@ -88,9 +81,9 @@ TEST(PipelineBench, JsonRowsCoverEverySchedulePartAndLayout) {
 
 TEST(PipelineBench, PrintsItsTable) {
   if (!built()) GTEST_SKIP() << "kolo-bench has no pipeline mode (kolo_torch needs libtorch-dev)";
-  const auto [out, status] = run("timeout 300 '" + bench_path() + "' pipeline" + kTiny +
-                                 " --schedules 1f1b --micro-batches 8 --no-dp "
-                                 "--memory-limit-mib 0 2>&1");
+  const auto [out, status] = run_shell("timeout 300 '" + bench_path() + "' pipeline" + kTiny +
+                                       " --schedules 1f1b --micro-batches 8 --no-dp "
+                                       "--memory-limit-mib 0 2>&1");
   ASSERT_EQ(status, 0) << out;
   EXPECT_NE(out.find("Pipeline bubble: 2 MLP blocks"), std::string::npos) << out;
   EXPECT_NE(out.find("bubble per stage"), std::string::npos) << out;

@@ -14,33 +14,28 @@
 #include <sstream>
 #include <string>
 
+#include "kolorun_harness.h"
+
 namespace {
 
-std::string bench_path() { return KOLO_BINARY_DIR "/bench/kolo-bench"; }
-constexpr const char* kDataDir = "/usr/share/datasets/fashion-mnist";
+using kolo::kolorun_test::bench_path;
+using kolo::kolorun_test::run_shell;
 
-std::pair<std::string, int> run(const std::string& command) {
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string out;
-  char buffer[4096];
-  while (pipe && fgets(buffer, sizeof(buffer), pipe) != nullptr) out += buffer;
-  const int status = pipe ? pclose(pipe) : -1;
-  return {out, status};
-}
+constexpr const char* kDataDir = "/usr/share/datasets/fashion-mnist";
 
 TEST(PsBench, EveryModeTrainsThroughKolorunWithServers) {
   if (access(bench_path().c_str(), X_OK) != 0 ||
-      run("'" + bench_path() + "' ps --help >/dev/null 2>&1").second != 0) {
+      run_shell("'" + bench_path() + "' ps --help >/dev/null 2>&1").second != 0) {
     GTEST_SKIP() << "kolo-bench has no ps mode (kolo_torch needs libtorch-dev)";
   }
   if (access((std::string(kDataDir) + "/train-images-idx3-ubyte.gz").c_str(), R_OK) != 0) {
     GTEST_SKIP() << kDataDir << " is missing (Debian package dataset-fashion-mnist)";
   }
-  const auto [out, status] =
-      run("timeout 600 '" + bench_path() +
-          "' ps --json --models cnn --designs allreduce,ps --modes sync,async,ssp --workers 2 "
-          "--servers 2 --max-staleness 1 --epochs 1 --train-subset 640 --test-subset 200 "
-          "--batch 32 --lr 0.05 --config-timeout 180");
+  const auto [out, status] = run_shell(
+      "timeout 600 '" + bench_path() +
+      "' ps --json --models cnn --designs allreduce,ps --modes sync,async,ssp --workers 2 "
+      "--servers 2 --max-staleness 1 --epochs 1 --train-subset 640 --test-subset 200 "
+      "--batch 32 --lr 0.05 --config-timeout 180");
   ASSERT_EQ(status, 0) << out;
   std::set<std::string> seen;
   std::map<std::string, double> accuracy;

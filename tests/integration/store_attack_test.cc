@@ -9,7 +9,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <memory>
 #include <regex>
 #include <string>
 
@@ -23,16 +22,6 @@ using std::chrono::seconds;
 constexpr const char* kDataDir = "/usr/share/datasets/fashion-mnist";
 
 std::string example_path() { return KOLO_BINARY_DIR "/examples/fashion_mnist/fashion_mnist"; }
-std::string bench_path() { return KOLO_BINARY_DIR "/bench/kolo-bench"; }
-
-// The stdout of a shell command.
-std::string output_of(const std::string& command) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
-  std::string out;
-  char buffer[4096];
-  while (pipe && fgets(buffer, sizeof(buffer), pipe.get()) != nullptr) out += buffer;
-  return out;
-}
 
 int64_t json_int(const std::string& row, const std::string& key) {
   std::smatch m;
@@ -59,8 +48,9 @@ TEST(StoreAttack, KolorunsMemoryStaysFlatAndTheJobTrainsToItsEnd) {
   };
   ASSERT_TRUE(job.wait_for_stdout([&](const std::string& out) { return epochs_done(out) >= 1; },
                                   std::chrono::seconds(120)));
-  const std::string rows = output_of(bench_path() + " store-attack --json --seconds 1 --pid " +
-                                     std::to_string(job.pid()));
+  const std::string rows = run_shell(bench_path() + " store-attack --json --seconds 1 --pid " +
+                                     std::to_string(job.pid()))
+                               .first;
   // Training goes on: two more epochs end after the attacks.
   std::string out_after;
   int at_end = -1;
