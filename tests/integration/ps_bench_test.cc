@@ -54,8 +54,12 @@ TEST(PsBench, EveryModeTrainsThroughKolorunWithServers) {
     accuracy[row.at("design").get<std::string>() + "/" + mode] = row.at("test_metric");
     EXPECT_GE(row.at("test_metric").get<double>(), 0.0) << line;
     EXPECT_LE(row.at("test_metric").get<double>(), 1.0) << line;
-    if (mode == "sync") EXPECT_EQ(row.at("max_staleness_seen"), 0) << line;
-    if (mode == "ssp") EXPECT_LE(row.at("max_staleness_seen").get<int>(), 1) << line;
+    if (mode == "sync") {
+      EXPECT_EQ(row.at("max_staleness_seen"), 0) << line;
+    }
+    if (mode == "ssp") {
+      EXPECT_LE(row.at("max_staleness_seen").get<int>(), 1) << line;
+    }
   }
   EXPECT_EQ(seen, (std::set<std::string>{"allreduce/sync", "ps/sync", "ps/async", "ps/ssp"}))
       << out;
