@@ -94,14 +94,21 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& flags) {
   app.add_option("--strategy", flags.strategy,
                  "allreduce: one worker per process (kolorun -np N); mirrored: --replicas "
                  "workers per process as threads sharing its one copy of the data "
-                 "(kolo::MirroredStrategy, docs/strategies.md)")
+                 "(kolo::MirroredStrategy); ps-sync, ps-async, ps-ssp: workers pull the "
+                 "parameters from parameter servers and push gradients, the servers apply "
+                 "the optimizer (kolorun -np W --servers S; docs/strategies.md)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"allreduce", "mirrored"}));
+      ->check(CLI::IsMember({"allreduce", "mirrored", "ps-sync", "ps-async", "ps-ssp"}));
   app.add_option("--replicas", flags.replicas,
                  "--strategy mirrored: workers per process (--batch-size and --threads are "
                  "per replica)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  CLI::Option* max_staleness =
+      app.add_option("--max-staleness", flags.max_staleness,
+                     "--strategy ps-ssp: steps a worker may run ahead of the slowest one")
+          ->capture_default_str()
+          ->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -141,7 +148,39 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& flags) {
                  flags.strategy.c_str());
     return 2;
   }
+  if (max_staleness->count() > 0 && flags.strategy != "ps-ssp") {
+    std::fprintf(stderr,
+                 "fashion_mnist: --max-staleness bounds --strategy ps-ssp only; add "
+                 "--strategy ps-ssp or drop --max-staleness\n");
+    return 2;
+  }
+  if (on_parameter_servers(flags)) {
+    // The servers apply one element-wise optimizer at one rate to the
+    // gradients as they arrive; what would need the whole model on a worker,
+    // a rate schedule or a weighting of the workers' gradients is refused.
+    const char* refused = nullptr;
+    if (flags.optimizer.name == "lars" || flags.optimizer.name == "lamb") {
+      refused =
+          "--optimizer lars/lamb (layer-wise: the servers hold slices, not layers; use adam "
+          "or sgd)";
+    } else if (flags.warmup_epochs > 0 || flags.scale_lr || flags.lr_decay != "constant") {
+      refused =
+          "--warmup-epochs, --scale-lr and --lr-decay (the servers' optimizer keeps the "
+          "rate --lr)";
+    } else if (flags.zero_stage != 0 || flags.compression != "none" || flags.balance) {
+      refused = "--zero-stage, --compression and --balance (allreduce options)";
+    } else if (!flags.checkpoint_dir.empty()) {
+      refused = "--checkpoint-dir (the parameter servers do not save their shards yet)";
+    }
+    if (refused) {
+      std::fprintf(stderr, "fashion_mnist: --strategy %s cannot be combined with %s\n",
+                   flags.strategy.c_str(), refused);
+      return 2;
+    }
+  }
   return std::nullopt;
 }
+
+bool on_parameter_servers(const Flags& flags) { return flags.strategy.rfind("ps-", 0) == 0; }
 
 }  // namespace fashion_mnist

@@ -33,13 +33,19 @@ struct Flags {
   bool elastic = false;       // train with kolo::elastic::run (kolorun --min-np/--max-np)
   int64_t commit_every = 20;  // --elastic: steps between commits
   std::string stop_at;  // --elastic: "EPOCH:STEP" (1-based epoch) to stop at, after its commit
-  std::string strategy = "allreduce";  // allreduce (a worker per process) or mirrored
-  int replicas = 2;                    // --strategy mirrored: workers per process, as threads
+  // allreduce (a worker per process), mirrored, or ps-sync, ps-async, ps-ssp
+  // (on parameter servers: kolorun --servers)
+  std::string strategy = "allreduce";
+  int replicas = 2;       // --strategy mirrored: workers per process, as threads
+  int max_staleness = 2;  // --strategy ps-ssp: steps a worker may run ahead of the slowest
 };
 
 // Parses the command line into `flags`; returns the exit code when the
 // program should stop now (--help: 0; a bad flag or combination: 2, with
 // the reason on stderr), nullopt to train.
 std::optional<int> parse_flags(int argc, char** argv, Flags& flags);
+
+// --strategy ps-sync, ps-async or ps-ssp.
+bool on_parameter_servers(const Flags& flags);
 
 }  // namespace fashion_mnist

@@ -25,6 +25,9 @@
 //
 // With --strategy mirrored each process runs --replicas workers as threads
 // that share its one copy of the data (kolo::MirroredStrategy, mirrored.cc).
+// With --strategy ps-sync|ps-async|ps-ssp (under kolorun --servers S) the
+// optimizer runs on parameter servers instead: workers pull the parameters
+// and push their gradients (kolo::ps, parameter_server.cc).
 // With --elastic (under kolorun --min-np/--max-np) the same training survives
 // workers dying and joining: elastic.cc and docs/elastic.md. With --balance
 // the global batch is split by each worker's measured speed
@@ -43,6 +46,7 @@
 #include "mirrored.h"
 #include "model.h"
 #include "optimizer_choice.h"
+#include "parameter_server.h"
 #include "training.h"
 
 namespace fashion_mnist {
@@ -112,6 +116,10 @@ class Report : public kolo::Callback {
   std::vector<EpochRecord> records_;
 };
 
+void train_model(const Flags& flags, Cnn& model, kolo::ParallelOptimizer& optimizer,
+                 const kolo::Dataset& train, const kolo::Dataset& test,
+                 const kolo::CallOptions& where);
+
 // Steps 3-7 of the recipe: one worker's training, its kolo calls on `where`
 // (the default engine for a worker process; a replica's engine with
 // --strategy mirrored).
@@ -149,7 +157,13 @@ void fit(const Flags& flags, const kolo::Dataset& train, const kolo::Dataset& te
   // Dropout masks differ per worker (the weights are already identical).
   torch::manual_seed(flags.seed + 1000003ULL * static_cast<uint64_t>(optimizer->rank() + 1));
 
-  // --- 7. Train: Keras' fit with Horovod's callbacks ----------------------------
+  train_model(flags, model, *optimizer, train, test, where);
+}
+
+// --- 7. Train: Keras' fit with Horovod's callbacks ----------------------------
+void train_model(const Flags& flags, Cnn& model, kolo::ParallelOptimizer& optimizer,
+                 const kolo::Dataset& train, const kolo::Dataset& test,
+                 const kolo::CallOptions& where) {
   kolo::TrainerOptions options;
   static_cast<kolo::CallOptions&>(options) = where;
   options.epochs = flags.epochs;
@@ -162,13 +176,16 @@ void fit(const Flags& flags, const kolo::Dataset& train, const kolo::Dataset& te
       [](const torch::Tensor& logits, const torch::Tensor& labels) {
         return torch::nn::functional::cross_entropy(logits, labels);
       },
-      *optimizer, options);
+      optimizer, options);
   // The rate, per step: the global batch is `workers` times larger than one
   // worker's, so the rate may be too (--scale-lr), reached by a warmup from
   // the single-worker rate (Goyal et al.); LARS and LAMB take a rate set for
-  // the global batch, reached from near zero (optimizer_choice.h).
-  trainer.add(std::make_shared<kolo::LearningRateWarmup>(
-      schedule_of(flags, choice, trainer.world_size(), trainer.steps_for(train.size))));
+  // the global batch, reached from near zero (optimizer_choice.h). On
+  // parameter servers the servers' optimizer keeps --lr.
+  if (!on_parameter_servers(flags)) {
+    trainer.add(std::make_shared<kolo::LearningRateWarmup>(schedule_of(
+        flags, resolved(flags.optimizer), trainer.world_size(), trainer.steps_for(train.size))));
+  }
   trainer.add(std::make_shared<kolo::MetricAverage>());  // logs averaged over the workers
   trainer.add(std::make_shared<kolo::ProgressBar>(flags.progress_lines));  // rank 0
   trainer.add(std::make_shared<kolo::Throughput>());  // "Epoch time", "Images/sec" on rank 0
@@ -190,6 +207,25 @@ int run(const Flags& flags) {
   // --- 1. Initialise kolo; one worker per process, `threads` cores each ----
   kolo::init_torch();  // rank, size from kolorun, mpirun, srun, torchrun; else a world of one
   keep_freed_memory();
+
+  if (on_parameter_servers(flags)) {
+    // The last processes serve the parameters (parameter_server.cc); the
+    // workers read the data (step 2) and train the model the servers hold
+    // (step 7).
+    run_on_parameter_servers(
+        flags, [&](Cnn& model, kolo::ParallelOptimizer& optimizer, const kolo::CallOptions& where) {
+          const auto [train, test] = load_data(flags);
+          train_model(flags, model, optimizer, train, test, where);
+        });
+    kolo::shutdown();
+    return 0;
+  }
+  if (kolo::runtime().config().get_int("KOLO_PS_SERVERS") > 0) {
+    throw kolo::ContractError(
+        "this job has parameter servers (kolorun --servers), which --strategy " + flags.strategy +
+        " does not use: add --strategy ps-sync, ps-async or ps-ssp, or "
+        "launch without --servers");
+  }
 
   // --- 2. Data: every process reads the files --------------------------------
   const auto [train, test] = load_data(flags);

@@ -26,6 +26,8 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kolo/torch.h"
 
@@ -58,20 +60,29 @@ inline OptimizerChoice resolved(OptimizerChoice choice) {
   return choice;
 }
 
-// The optimizer over `model`'s parameters (choice resolved), at rate choice.lr
-// (the schedule sets the rate of every step).
-inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerChoice& choice,
-                                                               torch::nn::Module& model) {
+// The element-wise optimizers (adam, sgd) over `params` (choice resolved), at
+// rate choice.lr; nullptr for the layer-wise ones (lars, lamb), which need
+// the model's layers. A parameter server runs it over its slices.
+inline std::unique_ptr<torch::optim::Optimizer> make_elementwise_optimizer(
+    const OptimizerChoice& choice, std::vector<torch::Tensor> params) {
   if (choice.name == "adam") {
     return std::make_unique<torch::optim::Adam>(
-        model.parameters(), torch::optim::AdamOptions(choice.lr).weight_decay(choice.weight_decay));
+        std::move(params), torch::optim::AdamOptions(choice.lr).weight_decay(choice.weight_decay));
   }
   if (choice.name == "sgd") {
-    return std::make_unique<torch::optim::SGD>(model.parameters(),
+    return std::make_unique<torch::optim::SGD>(std::move(params),
                                                torch::optim::SGDOptions(choice.lr)
                                                    .momentum(choice.momentum)
                                                    .weight_decay(choice.weight_decay));
   }
+  return nullptr;
+}
+
+// The optimizer over `model`'s parameters (choice resolved), at rate choice.lr
+// (the schedule sets the rate of every step).
+inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerChoice& choice,
+                                                               torch::nn::Module& model) {
+  if (auto optimizer = make_elementwise_optimizer(choice, model.parameters())) return optimizer;
   if (choice.name == "lars") {
     return std::make_unique<kolo::LARS>(kolo::layerwise_param_groups(
         model.named_parameters(),

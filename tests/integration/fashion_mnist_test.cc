@@ -396,6 +396,107 @@ TEST_F(FashionMnistExample, Bf16PrecisionTrainsOnTwoWorkers) {
   EXPECT_GT(accuracy[0], 0.4) << r.out;
 }
 
+// --strategy ps-sync on one server equals the allreduce run (the servers
+// average every worker's gradient and apply Adam once per step, as
+// DistributedOptimizer does): same test loss to the printed digit, both
+// well past chance. 1000 images per worker, one epoch.
+TEST_F(FashionMnistExample, SyncParameterServerTrainsAsAllreduceDoes) {
+  const std::vector<std::string> flags = {"--train-subset=2000", "--test-subset=500",
+                                          "--batch-size=32",     "--threads=1",
+                                          "--epochs=1",          "--progress-lines=0"};
+  std::vector<std::string> allreduce = {"-np", "2", example_path()};
+  allreduce.insert(allreduce.end(), flags.begin(), flags.end());
+  RunResult a = run_kolorun(allreduce, seconds(120));
+  ASSERT_FALSE(a.timed_out) << a.out << a.err;
+  ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
+
+  std::vector<std::string> ps = {"-np",          "2",          "--servers", "1",
+                                 example_path(), "--strategy", "ps-sync"};
+  ps.insert(ps.end(), flags.begin(), flags.end());
+  RunResult r = run_kolorun(ps, seconds(120));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("Parameter servers: 2 worker(s), 1 server(s), mode sync"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("Fashion-MNIST: 2 worker(s) x 1 thread(s)"), std::string::npos) << r.out;
+  EXPECT_EQ(values_after(r.out, "Epoch time").size(), 1u) << r.out;
+  ASSERT_EQ(values_after(r.out, "Images/sec").size(), 1u) << r.out;
+  EXPECT_GT(values_after(r.out, "Images/sec")[0], 0);
+  // 32 steps of 2 pushes, applied as 32 sync rounds: one update per push.
+  EXPECT_NE(r.out.find("Parameter server 0: 64 update(s), largest staleness 0, 0 worker(s) lost"),
+            std::string::npos)
+      << r.out;
+  const auto ps_loss = values_after(r.out, "Test loss");
+  const auto allreduce_loss = values_after(a.out, "Test loss");
+  ASSERT_EQ(ps_loss.size(), 1u) << r.out;
+  ASSERT_EQ(allreduce_loss.size(), 1u) << a.out;
+  EXPECT_NEAR(ps_loss[0], allreduce_loss[0], 2e-3) << r.out << a.out;
+  const auto accuracy = values_after(r.out, "test accuracy");
+  ASSERT_EQ(accuracy.size(), 1u) << r.out;
+  EXPECT_GT(accuracy[0], 0.5) << r.out;
+}
+
+// Asynchronous and bounded-staleness training on two servers learn too;
+// bounded staleness never exceeds its bound.
+TEST_F(FashionMnistExample, AsyncAndSspParameterServersTrain) {
+  for (const std::vector<std::string>& strategy :
+       {std::vector<std::string>{"--strategy", "ps-async"},
+        std::vector<std::string>{"--strategy", "ps-ssp", "--max-staleness", "1"}}) {
+    std::vector<std::string> args = {"-np",
+                                     "2",
+                                     "--servers",
+                                     "2",
+                                     example_path(),
+                                     "--train-subset=2000",
+                                     "--test-subset=500",
+                                     "--batch-size=32",
+                                     "--threads=1",
+                                     "--epochs=1",
+                                     "--progress-lines=0"};
+    args.insert(args.end(), strategy.begin(), strategy.end());
+    RunResult r = run_kolorun(args, seconds(120));
+    ASSERT_FALSE(r.timed_out) << r.out << r.err;
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    const auto accuracy = values_after(r.out, "test accuracy");
+    ASSERT_EQ(accuracy.size(), 1u) << r.out;
+    EXPECT_GT(accuracy[0], 0.4) << r.out;
+    EXPECT_NE(r.out.find("Parameter server 1: 64 update(s)"), std::string::npos) << r.out;
+    if (strategy[1] == "ps-ssp") {
+      const auto seen = values_after(r.out, "max staleness seen");
+      ASSERT_EQ(seen.size(), 1u) << r.out;
+      EXPECT_LE(seen[0], 1) << r.out;
+    }
+  }
+}
+
+// A --strategy ps-* job needs servers, and servers need a --strategy ps-*:
+// either mismatch is an error naming the flag on every rank, before training.
+TEST_F(FashionMnistExample, ParameterServerStrategyAndServersMustGoTogether) {
+  RunResult r = run_kolorun({"-np", "2", example_path(), "--strategy", "ps-async"}, seconds(60));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--strategy ps-async trains on parameter servers, and this job has none: "
+                       "launch it with kolorun -np W --servers S"),
+            std::string::npos)
+      << r.err;
+
+  r = run_kolorun({"-np", "2", "--servers", "1", example_path()}, seconds(60));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("this job has parameter servers (kolorun --servers), which --strategy "
+                       "allreduce does not use"),
+            std::string::npos)
+      << r.err;
+
+  r = run_kolorun({"-np", "1", example_path(), "--strategy", "ps-sync", "--optimizer", "lamb"},
+                  seconds(60));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--strategy ps-sync cannot be combined with --optimizer lars/lamb"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST_F(FashionMnistExample, UnknownOptimizerIsAClearError) {
   RunResult r = run_kolorun({"-np", "1", example_path(), "--optimizer", "adagrad"}, seconds(60));
   ASSERT_FALSE(r.timed_out) << r.out << r.err;

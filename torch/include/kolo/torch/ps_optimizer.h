@@ -1,0 +1,70 @@
+// kolo::ps::WorkerOptimizer: a parameter-server worker (kolo::ps::Worker,
+// parameter_server.h) behind the ParallelOptimizer interface, so that
+// kolo::Trainer and its callbacks train a model on the parameter server as
+// they train it with DistributedOptimizer:
+//
+//   kolo::ProcessSet workers = engine.add_process_set({0, ..., W - 1});  // every rank
+//   kolo::ps::Worker worker(model->named_parameters(), std::move(links), ps_options);
+//   kolo::ps::WorkerOptimizer optimizer(worker, *model, {.process_set = workers.id()});
+//   kolo::Trainer trainer(*model, forward, loss, optimizer, trainer_options);
+//
+// The constructor pulls the servers' parameters into the model (the first
+// step's). step() pushes the gradients of the step and pulls the parameters
+// of the next one (in sync mode: after every worker's push was applied), so
+// the model always holds what the next forward pass needs, and after the
+// last step it holds the parameters an evaluation should see.
+//
+// The optimizer itself lives on the servers: optimizer() is a ContractError
+// (callbacks that change its rate, LearningRateWarmup, cannot run; the rate
+// is the servers' optimizer's), and so are the optimizer checkpoints of
+// checkpoint.h (the servers save their shards). rank() and world_size() are
+// this worker's among the workers (the process set of `where`, which holds
+// the workers only: the servers run no collectives).
+#pragma once
+
+#include <torch/types.h>
+
+#include <string>
+
+#include "kolo/core/engine.h"
+#include "kolo/torch/parallel_optimizer.h"
+#include "kolo/torch/parameter_server.h"
+
+namespace torch::nn {
+class Module;
+}
+
+#pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
+namespace kolo::ps {
+
+class WorkerOptimizer : public ParallelOptimizer {
+ public:
+  // `worker` and `model` (whose parameters `worker` was built over) must
+  // outlive this. `where`: the workers' process set (rank and world size).
+  WorkerOptimizer(Worker& worker, torch::nn::Module& model, const CallOptions& where);
+
+  // push() this step's gradients, then pull() the next step's parameters.
+  torch::Tensor step() override;
+  // Nothing to exchange before step(): the gradients are this worker's own
+  // (the servers average or apply them as the mode says).
+  void synchronize() override {}
+  void zero_grad() override;
+  torch::optim::Optimizer& optimizer() override;  // ContractError: it lives on the servers
+  int zero_stage() const override { return 0; }
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+
+  Worker& worker() { return worker_; }
+
+ private:
+  void save(const std::string& dir, const CheckpointState& state) override;
+  CheckpointState load(const std::string& dir) override;
+
+  Worker& worker_;
+  torch::nn::Module& model_;
+  int rank_ = 0;
+  int world_size_ = 1;
+};
+
+}  // namespace kolo::ps
+#pragma GCC visibility pop
