@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "archive_codec.h"
 #include "common.h"
 #include "kolo/core/errors.h"
 #include "sharded_checkpoint.h"
@@ -56,10 +57,11 @@ using detail::bytes_tensor;
 using detail::tensor_bytes;
 using detail::what_of;
 
-// 1: the training position under keys of its own ("epoch", "sampler/epoch",
-//    "extras/<i>/key" as bytes; still read);
-// 2: the training position in the one schema (write_checkpoint_state).
-constexpr int64_t kPayloadFormat = 2;
+// 1: a libtorch archive, the training position under keys of its own;
+// 2: the training position in the one schema (write_checkpoint_state);
+// 3: the archive in kolo's own encoding (archive_codec.h): formats 1 and 2
+//    are libtorch zip archives and no longer read (decode_archive says so).
+constexpr int64_t kPayloadFormat = 3;
 
 [[noreturn]] void fail(const std::string& source, const std::string& what) {
   throw ContractError("kolo checkpoint '" + source + "': " + what);
@@ -119,7 +121,7 @@ std::string encode_checkpoint(const torch::nn::Module& model,
   for (size_t r = 0; r < rng_states.size(); ++r) {
     archive.write("rng/" + std::to_string(r), bytes_tensor(rng_states[r]), /*is_buffer=*/true);
   }
-  return detail::archive_to_bytes(archive);
+  return detail::encode_archive(archive);
 }
 
 CheckpointState decode_checkpoint(const std::string& payload, torch::nn::Module& model,
@@ -127,33 +129,17 @@ CheckpointState decode_checkpoint(const std::string& payload, torch::nn::Module&
                                   std::vector<std::string>* rng_states) {
   torch::serialize::InputArchive archive;
   try {
-    detail::archive_from_bytes(payload, archive);
+    detail::decode_archive(payload, archive);
   } catch (const std::exception& e) {
     fail(source, std::string("the payload is not a readable archive: ") + what_of(e));
   }
   const int64_t format = read_int(archive, "format", source);
-  if (format != 1 && format != kPayloadFormat) {
+  if (format != kPayloadFormat) {
     fail(source, "payload format " + std::to_string(format) +
-                     " is not supported (this build reads 1 and " + std::to_string(kPayloadFormat) +
-                     ")");
+                     " is not supported (this build reads " + std::to_string(kPayloadFormat) + ")");
   }
-  CheckpointState state;
-  if (format == 1) {
-    state.epoch = read_int(archive, "epoch", source);
-    state.step = read_int(archive, "step", source);
-    state.seed = static_cast<uint64_t>(read_int(archive, "seed", source));
-    state.sampler.epoch = read_int(archive, "sampler/epoch", source);
-    state.sampler.next_index = read_int(archive, "sampler/next_index", source);
-    const int64_t extras = read_int(archive, "extras/count", source);
-    for (int64_t i = 0; i < extras; ++i) {
-      const std::string prefix = "extras/" + std::to_string(i);
-      std::string key = read_bytes(archive, prefix + "/key", source);
-      state.extras[key] = read_bytes(archive, prefix + "/value", source);
-    }
-  } else {
-    state = detail::read_checkpoint_state(
-        archive, [&](const std::string& what) { fail(source, "the payload " + what); });
-  }
+  const CheckpointState state = detail::read_checkpoint_state(
+      archive, [&](const std::string& what) { fail(source, "the payload " + what); });
 
   // Check the whole structure before touching the model or the optimizer.
   const std::string saved = read_string(archive, "model/manifest", source);

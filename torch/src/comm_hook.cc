@@ -10,6 +10,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "archive_codec.h"
 #include "common.h"
 #include "kolo/core/errors.h"
 
@@ -389,14 +390,14 @@ std::string PowerSGDHook::save_state() const {
       if (bucket.q[i].defined()) a.write(key + "/q/" + std::to_string(i), c10::IValue(bucket.q[i]));
     }
   }
-  return detail::archive_to_bytes(a);
+  return detail::encode_archive(a);
 }
 
 void PowerSGDHook::load_state(const std::string& bytes) {
   std::map<int, Impl::Bucket> buckets;
   if (!bytes.empty()) {
     torch::serialize::InputArchive a;
-    detail::archive_from_bytes(bytes, a);
+    detail::decode_archive(bytes, a);
     c10::IValue v;
     auto integer = [&](const std::string& key) {
       if (!a.try_read(key, v) || !v.isInt()) {

@@ -19,6 +19,7 @@
 #include <typeinfo>
 #include <unordered_map>
 
+#include "archive_codec.h"
 #include "kolo/core/errors.h"
 #include "kolo/core/split.h"
 #include "kolo/torch/layerwise.h"
@@ -109,7 +110,7 @@ bool split_state(const torch::optim::Optimizer& optimizer, const torch::Tensor& 
       rest.write(k, value);
     }
   }
-  scalars = detail::archive_to_bytes(rest);
+  scalars = detail::encode_archive(rest);
   return true;
 }
 
@@ -126,7 +127,7 @@ Index describe(const std::vector<ZeroParam>& params, const torch::optim::Optimiz
   for (const auto& group : optimizer.param_groups()) {
     torch::serialize::OutputArchive options;
     group.options().serialize(options);
-    index.group_options.push_back(detail::archive_to_bytes(options));
+    index.group_options.push_back(detail::encode_archive(options));
   }
   for (const auto& item : model.named_buffers()) {
     if (item.value().defined()) index.buffers.emplace_back(item.key(), item.value().clone());
@@ -213,7 +214,7 @@ void restore_state(torch::optim::Optimizer& optimizer, const std::vector<StateLo
       fail(source, "the optimizer created no state for a parameter to restore into");
     }
     torch::serialize::InputArchive scalars;
-    detail::archive_from_bytes(l.scalars, scalars);
+    detail::decode_archive(l.scalars, scalars);
     torch::serialize::OutputArchive merged;
     for (const std::string& k : scalars.keys()) {
       if (k == "training") continue;
@@ -234,7 +235,7 @@ void restore_groups_and_buffers(const Index& index, torch::optim::Optimizer& opt
   auto& groups = optimizer.param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
     torch::serialize::InputArchive options;
-    detail::archive_from_bytes(index.group_options[g], options);
+    detail::decode_archive(index.group_options[g], options);
     groups[g].options().serialize(options);
   }
   auto buffers = model.named_buffers();

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "archive_codec.h"
 #include "common.h"
 #include "kolo/core/errors.h"
 
@@ -79,9 +80,18 @@ std::optional<int64_t> parse_int(const std::string& text) {
 void open_archive(const std::string& payload, torch::serialize::InputArchive& a,
                   const std::string& source) {
   try {
-    archive_from_bytes(payload, a);
+    decode_archive(payload, a);
   } catch (const std::exception& e) {
     zero_fail(source, std::string("is not a readable archive: ") + what_of(e));
+  }
+}
+
+// An archive stored as bytes under `key` (an optimizer's options or state).
+void check_nested(const std::string& bytes, const std::string& key, const std::string& source) {
+  try {
+    check_archive(bytes);
+  } catch (const ContractError& e) {
+    zero_fail(source, "'" + key + "' is damaged: " + e.what());
   }
 }
 
@@ -91,9 +101,8 @@ int64_t read_header(torch::serialize::InputArchive& a, const std::string& kind,
   if (read_string(a, "kind", source) != kind) zero_fail(source, "is not a " + what);
   c10::IValue v;
   const int64_t format = a.try_read("format", v) && v.isInt() ? v.toInt() : -1;
-  if (format != 1 && format != kZeroFormat) {
-    zero_fail(source, "format " + std::to_string(format) +
-                          " is not supported (this build reads 1 and " +
+  if (format != kZeroFormat) {
+    zero_fail(source, "format " + std::to_string(format) + " is not supported (this build reads " +
                           std::to_string(kZeroFormat) + ")");
   }
   return format;
@@ -153,7 +162,7 @@ std::string encode_zero_shard(const ZeroShardFile& shard) {
     a.write("groups/" + std::to_string(g) + "/scalars", c10::IValue(bytes_tensor(bytes)));
   }
   a.write("groups/with_state", c10::IValue(groups));
-  return archive_to_bytes(a);
+  return encode_archive(a);
 }
 
 ZeroShardFile decode_zero_shard(const std::string& payload, const std::string& source) {
@@ -161,7 +170,7 @@ ZeroShardFile decode_zero_shard(const std::string& payload, const std::string& s
   open_archive(payload, a, source);
   ZeroShardFile shard;
   shard.format = read_header(a, "kolo-zero-shard", "ZeRO shard", source);
-  if (shard.format >= 2) shard.save_id = read_string(a, "save_id", source);
+  shard.save_id = read_string(a, "save_id", source);
   shard.world = static_cast<int>(read_int_in(a, "world_size", 1, kMaxWorld, source));
   shard.rank = static_cast<int>(read_int_in(a, "rank", 0, shard.world - 1, source));
   const int64_t count = read_int_in(a, "segments/count", 0, kMaxCount, source);
@@ -185,8 +194,9 @@ ZeroShardFile decode_zero_shard(const std::string& payload, const std::string& s
     if (!group || *group < 0 || *group > kMaxCount) {
       zero_fail(source, "'groups/with_state' names group '" + g + "' (a damaged checkpoint)");
     }
-    shard.group_scalars[static_cast<int>(*group)] =
-        tensor_bytes(read_tensor(a, "groups/" + g + "/scalars", source));
+    std::string scalars = tensor_bytes(read_tensor(a, "groups/" + g + "/scalars", source));
+    check_nested(scalars, "groups/" + g + "/scalars", source);
+    shard.group_scalars[static_cast<int>(*group)] = std::move(scalars);
   }
   return shard;
 }
@@ -245,7 +255,7 @@ std::string encode_zero_index(const ZeroIndexFile& index) {
     }
     a.write(k + "/segments", c10::IValue(text));
   }
-  return archive_to_bytes(a);
+  return encode_archive(a);
 }
 
 ZeroIndexFile decode_zero_index(const std::string& payload, const std::string& source) {
@@ -253,7 +263,7 @@ ZeroIndexFile decode_zero_index(const std::string& payload, const std::string& s
   open_archive(payload, a, source);
   ZeroIndexFile index;
   index.format = read_header(a, "kolo-zero-index", "ZeRO index", source);
-  if (index.format >= 2) index.save_id = read_string(a, "save_id", source);
+  index.save_id = read_string(a, "save_id", source);
   index.world = static_cast<int>(read_int_in(a, "world_size", 1, kMaxWorld, source));
   index.stage = static_cast<int>(read_int_in(a, "stage", 0, 3, source));
   const int64_t groups = read_int_in(a, "groups/count", 0, kMaxCount, source);
@@ -290,8 +300,9 @@ ZeroIndexFile decode_zero_index(const std::string& payload, const std::string& s
   }
   index.optimizer_type = read_string(a, "optimizer/type", source);
   for (int64_t g = 0; g < groups; ++g) {
-    index.group_options.push_back(
-        tensor_bytes(read_tensor(a, "groups/" + std::to_string(g) + "/options", source)));
+    const std::string key = "groups/" + std::to_string(g) + "/options";
+    index.group_options.push_back(tensor_bytes(read_tensor(a, key, source)));
+    check_nested(index.group_options.back(), key, source);
   }
   const int64_t buffers = read_int_in(a, "buffers/count", 0, kMaxCount, source);
   for (int64_t i = 0; i < buffers; ++i) {
@@ -355,11 +366,8 @@ ZeroIndexFile decode_zero_index(const std::string& payload, const std::string& s
 void check_zero_shard(const ZeroShardFile& shard, int r, const ZeroIndexFile& index,
                       const std::string& index_source, const std::string& source) {
   if (shard.format != index.format || shard.save_id != index.save_id) {
-    const auto save = [](int64_t format, const std::string& id) {
-      return format < 2 ? std::string("<none: format 1>") : id;
-    };
-    zero_fail(source, "belongs to save " + save(shard.format, shard.save_id) + ", the index " +
-                          index_source + " to save " + save(index.format, index.save_id) +
+    zero_fail(source, "belongs to save " + shard.save_id + ", the index " + index_source +
+                          " to save " + index.save_id +
                           ": the directory mixes files of two saves (what a save interrupted "
                           "part-way leaves); restore the whole directory from one save");
   }

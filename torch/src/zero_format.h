@@ -4,11 +4,13 @@
 // fuzzers (tests/fuzz) call these directly.
 //
 // Both files are checked files (kolo/core/checked_file.h, "KOLOCKPT") whose
-// payload is a torch archive with key "kind" and "format" (kZeroFormat):
-//   format 1: the first layout, without save ids (still read; a mix of saves
-//             cannot be detected in it);
+// payload is an archive in kolo's encoding (archive_codec.h) with key "kind"
+// and "format" (kZeroFormat):
+//   format 1: a libtorch zip archive, without save ids;
 //   format 2: adds "save_id", the same random id in the index and in every
-//             shard of one save.
+//             shard of one save;
+//   format 3: the same keys, the archive in kolo's encoding instead of
+//             libtorch's zip (formats 1 and 2 are no longer read).
 //
 // A shard: kind "kolo-zero-shard", format, save_id, rank, world_size,
 //   segments/count, segments/<i>/{name, offset, length, group, values, keys,
@@ -17,7 +19,8 @@
 //   exp_avg...), each (length);
 //   groups/with_state ("<g>\n"...), groups/<g>/scalars: the optimizer state
 //   that is not element-wise (Adam's step), one archive per parameter group
-//   this shard has state for.
+//   this shard has state for (kolo-encoded archive bytes, checked while
+//   decoding).
 // The index: kind "kolo-zero-index", format, save_id, world_size, stage (0 =
 // saved by a DistributedOptimizer: one shard holding everything, and
 // "rng/count", "rng/<r>" with every rank's generator state), the
@@ -38,7 +41,7 @@
 
 namespace kolo::detail {
 
-constexpr int64_t kZeroFormat = 2;
+constexpr int64_t kZeroFormat = 3;
 
 [[noreturn]] void zero_fail(const std::string& source, const std::string& what);
 
@@ -53,11 +56,11 @@ struct ZeroSegment {
 
 struct ZeroShardFile {
   int64_t format = kZeroFormat;
-  std::string save_id;  // "" in format 1
+  std::string save_id;
   int rank = 0;
   int world = 1;
   std::vector<ZeroSegment> segments;
-  std::map<int, std::string> group_scalars;  // group -> archive bytes
+  std::map<int, std::string> group_scalars;  // group -> kolo-encoded archive bytes
 };
 
 struct ZeroParamInfo {
@@ -76,12 +79,12 @@ struct ZeroSegmentRef {
 
 struct ZeroIndexFile {
   int64_t format = kZeroFormat;
-  std::string save_id;  // "" in format 1
+  std::string save_id;
   int world = 1;
   int stage = 1;
   std::vector<ZeroParamInfo> params;
   std::string optimizer_type;
-  std::vector<std::string> group_options;  // archive bytes per group
+  std::vector<std::string> group_options;  // kolo-encoded archive bytes per group
   std::vector<std::pair<std::string, torch::Tensor>> buffers;
   CheckpointState state;
   // Stage 0 (a DistributedOptimizer's save): every rank's default CPU
