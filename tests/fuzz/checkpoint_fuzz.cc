@@ -1,12 +1,13 @@
 // Fuzz target: a plain checkpoint (kolo/torch/checkpoint.h) loaded into a
 // small model and Adam. The first byte picks what the rest is: 0, a whole
-// file (the checked container first); otherwise the payload, a torch archive.
-// Anything but kolo::ContractError (or success) is a finding.
+// file (the checked container first); otherwise the payload, an archive in
+// kolo's encoding (torch/src/archive_codec.h). Anything but
+// kolo::ContractError (or success) is a finding.
 //
-// libtorch itself is not instrumented (Debian's build): its zip and pickle
-// readers run on the fuzzed bytes without coverage feedback or ASan checks of
-// their own accesses; what is fuzzed with feedback is kolo's decoding around
-// them (torch/src/checkpoint.cc, optim_state.cc).
+// The fuzzed bytes reach kolo's decoder only (instrumented); libtorch (Debian's
+// build, not instrumented) then reads only the archive it has itself written
+// from what kolo decoded, and the model and optimizer load from it
+// (torch/src/checkpoint.cc, optim_state.cc).
 #include <cstdint>
 #include <string>
 

@@ -13,6 +13,7 @@
 #include "kolo/core/elastic.h"
 #include "store_protocol.h"
 #ifdef KOLO_FUZZ_HAVE_TORCH
+#include "archive_codec.h"
 #include "fuzz_model.h"
 #include "kolo/torch/checkpoint.h"
 #include "zero_format.h"
@@ -133,7 +134,9 @@ void torch_seeds() {
   index.world = 2;
   index.params = {{"fc.weight", "Float", {2, 3}, 0}, {"fc.bias", "Float", {2}, 0}};
   index.optimizer_type = "Adam";
-  index.group_options = {"options"};
+  torch::serialize::OutputArchive options;
+  adam.param_groups()[0].options().serialize(options);
+  index.group_options = {d::encode_archive(options)};
   index.buffers = {{"steps", torch::zeros({1})}};
   index.state = state;
   index.files = {"shard-0-of-2.kolo", "shard-1-of-2.kolo"};
@@ -145,7 +148,9 @@ void torch_seeds() {
   d::ZeroSegment w{"fc.weight", 4, 2, 0, torch::ones({2}), {{"exp_avg", torch::zeros({2})}}};
   d::ZeroSegment b{"fc.bias", 0, 2, 0, torch::ones({2}), {{"exp_avg", torch::zeros({2})}}};
   shard.segments = {w, b};
-  shard.group_scalars[0] = "scalars";
+  torch::serialize::OutputArchive scalars;
+  scalars.write("step", c10::IValue(int64_t{1}));
+  shard.group_scalars[0] = d::encode_archive(scalars);
   const std::string index_bytes = d::encode_zero_index(index);
   const std::string shard_bytes = d::encode_zero_shard(shard);
   write("zero_checkpoint", "index", std::string(1, 0) + index_bytes);

@@ -2,8 +2,8 @@
 // The first byte picks what the rest is: 0, an index payload; 1, a shard
 // payload; 2, u32 n, an index payload of n bytes, then a shard payload, and
 // the shard is checked against the index as load_zero_checkpoint does.
-// Anything but kolo::ContractError (or success) is a finding. (libtorch's
-// own archive readers are not instrumented: see checkpoint_fuzz.cc.)
+// Anything but kolo::ContractError (or success) is a finding. (The payloads
+// are kolo-encoded archives: see checkpoint_fuzz.cc.)
 #include <torch/torch.h>
 
 #include <cstdint>

@@ -9,6 +9,7 @@
 #include <torch/utils.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -146,6 +147,56 @@ TEST(CheckpointPayload, AModelThatDoesNotFitIsRejected) {
   torch::optim::SGD sgd(b.parameters(), torch::optim::SGDOptions(0.1));
   message = error_of([&] { decode_checkpoint(payload, b, &sgd, "f.ckpt"); });
   EXPECT_NE(message.find("no optimizer state"), std::string::npos) << message;
+}
+
+// The payload in libtorch's own zip format, as kolo wrote it before format 3,
+// with its first record declaring 1 TiB.
+std::string forged_libtorch_payload() {
+  torch::serialize::OutputArchive archive;
+  archive.write("format", c10::IValue(int64_t{2}));
+  archive.write("weights", torch::ones({4}));
+  std::string zip;
+  archive.save_to([&zip](const void* data, size_t n) {
+    zip.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  // The first central-directory header (PK\1\2): 32-bit sizes at +20, +24.
+  const size_t central = zip.find(std::string("PK\x01\x02", 4));
+  EXPECT_NE(central, std::string::npos);
+  for (size_t at : {central + 20, central + 24}) {
+    for (int i = 0; i < 4; ++i) zip[at + static_cast<size_t>(i)] = char(0xff);
+  }
+  return zip;
+}
+
+// Before: the payload went to libtorch's zip reader, which allocated what a
+// record declared (here 4 GiB, before finding it truncated) and crashed on
+// crafted archives; a damaged payload (its checksum recomputed, which anyone
+// can do) was unsafe to load. Now payloads are kolo-encoded archives: a
+// libtorch zip is refused before libtorch sees it, saying an older kolo
+// wrote it, and a payload cut anywhere is refused naming the file.
+TEST(CheckpointPayload, OnlyKoloEncodedPayloadsAreReadAndEveryCutIsRefused) {
+  Net a;
+  Net b;
+  std::string message =
+      error_of([&] { decode_checkpoint(forged_libtorch_payload(), b, nullptr, "f.ckpt"); });
+  EXPECT_NE(message.find("'f.ckpt'"), std::string::npos) << message;
+  EXPECT_NE(message.find("written by an older kolo"), std::string::npos) << message;
+
+  torch::optim::Adam adam(a.parameters(), torch::optim::AdamOptions(0.01));
+  train_step(a, adam, 1.0f);
+  const std::string payload = encode_checkpoint(a, &adam, {});
+  torch::optim::Adam adam_b(b.parameters(), torch::optim::AdamOptions(0.01));
+  const size_t step = std::max<size_t>(1, payload.size() / 97);
+  for (size_t keep = 0; keep < payload.size(); keep += step) {
+    message = error_of([&] { decode_checkpoint(payload.substr(0, keep), b, &adam_b, "f.ckpt"); });
+    EXPECT_NE(message.find("kolo checkpoint 'f.ckpt': the payload is not a readable archive"),
+              std::string::npos)
+        << keep << ": " << message;
+  }
+  // The untouched payload still loads.
+  decode_checkpoint(payload, b, &adam_b, "f.ckpt");
+  expect_same_tensors(a, b);
 }
 
 TEST(CheckpointRng, GeneratorStateRoundTrip) {

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "kolo/core/checked_file.h"
 #include "kolo/torch/zero.h"
 #include "optimizer_harness.h"
 #include "torch_harness.h"
@@ -190,6 +191,28 @@ TEST_F(ZeroCheckpoint, AMixOfTwoSavesIsAnErrorNamingTheFiles) {
   for (const std::string& error : load_errors(initial_, second, 2)) EXPECT_EQ(error, "");
   std::filesystem::remove_all(first);
   std::filesystem::remove_all(second);
+}
+
+// Before format 3 the files' payloads were libtorch zip archives, read by
+// libtorch's reader (unsafe on damaged input). Such an index is now refused
+// on every rank naming the file and saying an older kolo wrote it.
+TEST_F(ZeroCheckpoint, AnIndexWrittenByAnOlderKoloIsRefused) {
+  const std::string dir = temp_dir("older");
+  train(initial_, batches_, 2, 2, 0, 1, "", dir);
+  torch::serialize::OutputArchive archive;
+  archive.write("kind", c10::IValue(std::string("kolo-zero-index")));
+  archive.write("format", c10::IValue(int64_t{2}));
+  std::string zip;
+  archive.save_to([&zip](const void* data, size_t n) {
+    zip.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  write_checked_file(dir + "/index.kolo", kCheckpointFile, zip);
+  for (const std::string& error : load_errors(initial_, dir, 2)) {
+    EXPECT_NE(error.find(dir + "/index.kolo"), std::string::npos) << error;
+    EXPECT_NE(error.find("written by an older kolo"), std::string::npos) << error;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

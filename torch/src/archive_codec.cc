@@ -3,8 +3,10 @@
 
 #include <torch/serialize/archive.h>
 
+#include <cctype>
 #include <cstring>
 #include <limits>
+#include <unordered_set>
 #include <vector>
 
 #include "common.h"
@@ -38,6 +40,28 @@ constexpr Dtype kDtypes[] = {
     {5, c10::kLong},   {6, c10::kHalf},  {7, c10::kBFloat16},      {8, c10::kFloat},
     {9, c10::kDouble}, {10, c10::kBool}, {11, c10::kComplexFloat}, {12, c10::kComplexDouble},
 };
+
+// A key libtorch writes and reads back as it was: libtorch declares each
+// entry as an attribute in generated TorchScript source, which its reader
+// parses, so keys are limited to [A-Za-z0-9_/-], not a Python keyword, not
+// starting with "__", not "training" (the archive module's own attribute).
+bool valid_key(const std::string& key) {
+  static const char* const kKeywords[] = {
+      "False", "None",     "True",  "and",    "as",   "assert", "async",  "await",    "break",
+      "class", "continue", "def",   "del",    "elif", "else",   "except", "finally",  "for",
+      "from",  "global",   "if",    "import", "in",   "is",     "lambda", "nonlocal", "not",
+      "or",    "pass",     "raise", "return", "try",  "while",  "with",   "yield",    kTrainingKey};
+  if (key.empty() || key.size() > kArchiveMaxKeyBytes || key.compare(0, 2, "__") == 0) return false;
+  for (char c : key) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '/' && c != '-') {
+      return false;
+    }
+  }
+  for (const char* k : kKeywords) {
+    if (key == k) return false;
+  }
+  return true;
+}
 
 [[noreturn]] void encode_error(const std::string& key, const std::string& what) {
   throw ContractError("kolo archive: key '" + key + "': " + what +
@@ -165,7 +189,10 @@ void write_node(Writer& w, torch::serialize::InputArchive& archive, const std::s
   w.u32(static_cast<uint32_t>(keys.size()));
   for (const std::string& key : keys) {
     const std::string name = path.empty() ? key : path + "/" + key;
-    if (key.empty() || key.size() > kArchiveMaxKeyBytes) encode_error(name, "a key of this length");
+    if (!valid_key(key)) {
+      encode_error(name, "a key outside [A-Za-z0-9_/-], a Python keyword or longer than " +
+                             std::to_string(kArchiveMaxKeyBytes) + " bytes");
+    }
     w.str(key);
     c10::IValue value;
     archive.read(key, value);
@@ -395,20 +422,18 @@ void read_node(Reader& r, torch::serialize::OutputArchive* archive, const std::s
   }
   // An entry is at least a 4-byte length, a 1-byte key and a kind.
   const uint32_t n = r.count(6, "archive '" + path + "'");
-  std::vector<std::string> seen;
+  std::unordered_set<std::string> seen;
   for (uint32_t i = 0; i < n; ++i) {
     const size_t at = r.pos();
     const std::string key = r.str(kArchiveMaxKeyBytes, "a key");
     const std::string name = path.empty() ? key : path + "/" + key;
-    if (key.empty() || key == kTrainingKey || key.find('.') != std::string::npos ||
-        key.find('\0') != std::string::npos) {
+    if (!valid_key(key)) {
       decode_error("archive '" + path + "' has the key '" + key + "', which is not a valid name",
                    at);
     }
-    for (const std::string& s : seen) {
-      if (s == key) decode_error("archive '" + path + "' has the key '" + key + "' twice", at);
+    if (!seen.insert(key).second) {
+      decode_error("archive '" + path + "' has the key '" + key + "' twice", at);
     }
-    seen.push_back(key);
     const size_t kind_at = r.pos();
     switch (r.u8("an entry's kind")) {
       case kTensorEntry: {
@@ -480,7 +505,11 @@ std::string encode_archive(torch::serialize::OutputArchive& archive) {
 void decode_archive(const std::string& bytes, torch::serialize::InputArchive& archive) {
   torch::serialize::OutputArchive out;
   decode(bytes, &out);
-  archive_from_bytes(archive_to_bytes(out), archive);
+  try {
+    archive_from_bytes(archive_to_bytes(out), archive);
+  } catch (const std::exception& e) {
+    throw ContractError("kolo archive: libtorch refused the decoded archive: " + what_of(e));
+  }
 }
 
 void check_archive(const std::string& bytes) { decode(bytes, nullptr); }
