@@ -127,6 +127,13 @@ void torch_seeds() {
         std::string(1, 0) + kolo::encode_checked(kolo::kCheckpointFile, payload));
   write("checkpoint", "no-optimizer",
         std::string(1, 1) + kolo::encode_checkpoint(net, nullptr, {}));
+  // A seed that does not decode would only steer the fuzzer into the first
+  // error: check that each loads (a ContractError ends the program).
+  {
+    kolo::fuzz::FuzzNet other;
+    torch::optim::Adam other_adam(other.parameters(), torch::optim::AdamOptions(0.5));
+    kolo::decode_checkpoint(payload, other, &other_adam, "seed");
+  }
 
   namespace d = kolo::detail;
   d::ZeroIndexFile index;
@@ -158,6 +165,8 @@ void torch_seeds() {
   std::string n(4, '\0');
   for (int i = 0; i < 4; ++i) n[i] = static_cast<char>((index_bytes.size() >> (8 * i)) & 0xff);
   write("zero_checkpoint", "both", std::string(1, 2) + n + index_bytes + shard_bytes);
+  d::check_zero_shard(d::decode_zero_shard(shard_bytes, "shard"), 1,
+                      d::decode_zero_index(index_bytes, "index"), "index", "shard");
 }
 #endif
 

@@ -17,7 +17,8 @@
 //   node:   u32 count, count entries (keys unique, in the archive's order).
 //   entry:  u32 key length, key bytes (1..kMaxKeyBytes of [A-Za-z0-9_/-],
 //           not a Python keyword, not "training", not starting with "__":
-//           libtorch declares keys in TorchScript source), u8 kind: 1 tensor, 2 value, 3 node (a nested archive).
+//           libtorch declares keys in TorchScript source), u8 kind: 1
+//           tensor, 2 value, 3 node (a nested archive).
 //   tensor: u8 dtype (uint8 int8 int16 int32 int64 float16 bfloat16 float32
 //           float64 bool complex64 complex128 = 1..12), u8 requires_grad
 //           (0/1, 1 only for floating dtypes), u8 rank (<= kMaxRank),
