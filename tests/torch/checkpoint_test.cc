@@ -199,6 +199,34 @@ TEST(CheckpointPayload, OnlyKoloEncodedPayloadsAreReadAndEveryCutIsRefused) {
   expect_same_tensors(a, b);
 }
 
+// Each bound of the decoder, on a payload forged where a generator state (a
+// uint8 tensor of 8 bytes) is encoded: u8 dtype, u8 requires_grad, u8 rank,
+// i64 size, the bytes (torch/src/archive_codec.h).
+TEST(CheckpointPayload, ForgedTensorHeadersAreRefusedNamingTheFile) {
+  Net a;
+  const std::string payload = encode_checkpoint(a, nullptr, {}, {"rngstate"});
+  const size_t data = payload.find("rngstate");
+  ASSERT_NE(data, std::string::npos);
+  const size_t size_at = data - 8, rank_at = size_at - 1, dtype_at = size_at - 3;
+  ASSERT_EQ(payload[rank_at], 1);
+  auto refused = [&](size_t at, const std::string& bytes, const std::string& expected) {
+    std::string forged = payload;
+    forged.replace(at, bytes.size(), bytes);
+    Net b;
+    const std::string message = error_of([&] { decode_checkpoint(forged, b, nullptr, "f.ckpt"); });
+    EXPECT_NE(message.find("kolo checkpoint 'f.ckpt': the payload is not a readable archive"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find(expected), std::string::npos) << message;
+  };
+  std::string tib(8, '\0');
+  tib[5] = 1;  // 2^40 bytes, little-endian
+  refused(size_at, tib, "more elements than the");
+  refused(rank_at, std::string(1, char(200)), "rank 200");
+  refused(dtype_at, std::string(1, char(99)), "unknown dtype 99");
+  refused(size_at, std::string(8, char(0xff)), "size -1");
+}
+
 TEST(CheckpointRng, GeneratorStateRoundTrip) {
   torch::manual_seed(5);
   const std::string state = default_generator_state();
