@@ -213,6 +213,11 @@ void ServerClocks::rejoined(int worker, int64_t clock) {
   clocks_[worker] = clock;
 }
 
+void ServerClocks::resume(int64_t step) {
+  for (int64_t& clock : clocks_) clock = step;
+  rounds_ = step;
+}
+
 // ---- links ----
 
 Links connect(Runtime& runtime, const Roles& roles, const LinkOptions& options) {

@@ -10,6 +10,7 @@
 
 #include "kolo/core/errors.h"
 #include "kolo/torch/tensor.h"
+#include "ps_checkpoint.h"
 
 namespace kolo::ps {
 namespace {
@@ -110,6 +111,8 @@ struct Server::Impl {
   torch::Tensor round_sum;     // sync: the sum of this round's pushes
   std::exception_ptr failure;  // set when a sync server stops
   std::vector<std::string> lost;
+  int64_t resumed_step = 0;  // the step of the checkpoint resumed from (0: none)
+  int64_t saved_step = 0;    // the last step saved (or resumed from)
 
   Impl(int workers, const PsOptions& o) : options(o), clocks(workers, o.mode, o.max_staleness) {}
 
@@ -128,6 +131,30 @@ struct Server::Impl {
     optimizer->step();
   }
 
+  // After an update, under the lock: saves the shard once the slowest live
+  // worker has pushed checkpoint_every more steps than at the last save (in
+  // sync mode: after that round's update), so every server saves the same
+  // steps. A failed save stops the server (every worker gets the error).
+  void maybe_save() {
+    if (options.checkpoint_every <= 0) return;
+    const int64_t step = clocks.slowest_live_clock();
+    if (step == INT64_MAX || step < saved_step + options.checkpoint_every) return;
+    if (options.mode == Mode::kSync && clocks.rounds_applied() < step) return;
+    saved_step = step;
+    try {
+      detail::save_shard(options.checkpoint_dir, identity(), step, slices, *optimizer);
+    } catch (const std::exception& e) {
+      const std::string reason = name() + ": saving its checkpoint at step " +
+                                 std::to_string(step) + " failed: " + e.what();
+      failure = std::make_exception_ptr(ContractError(reason));
+      for (auto& link : links.peers) link->abort(reason, {});
+    }
+  }
+
+  detail::ShardIdentity identity() const {
+    return {server, links.roles.servers, fingerprint, options.mode};
+  }
+
   void serve(int worker);
   void handle_hello(int worker, const Header& h);
   void handle_pull(int worker, const Header& h);
@@ -139,6 +166,7 @@ void Server::Impl::handle_hello(int worker, const Header& h) {
   Header reply;
   reply.kind = Kind::kReply;
   reply.value = mode_word(options);
+  reply.clock = resumed_step;  // where the worker continues
   if (h.fingerprint != fingerprint) {
     reply.status = kRefusedModel;
   } else if (h.value != mode_word(options)) {
@@ -195,6 +223,7 @@ void Server::Impl::handle_push(int worker, const Header& h, torch::Tensor& buffe
       clocks.round_applied();
     }
   }
+  maybe_save();
   changed.notify_all();
 }
 
@@ -276,6 +305,17 @@ Server::Server(const NamedParameters& parameters, const OptimizerFactory& make_o
   }
   s.optimizer = make_optimizer(s.slices);
   if (!s.optimizer) throw ContractError(s.name() + ": the optimizer factory returned null");
+  if (options.checkpoint_every < 0 ||
+      (options.checkpoint_every > 0 && options.checkpoint_dir.empty())) {
+    throw ContractError(s.name() + ": checkpoint_every is " +
+                        std::to_string(options.checkpoint_every) +
+                        "; give checkpoint_dir and checkpoint_every > 0, or 0 for no checkpoints");
+  }
+  if (!options.resume_from.empty()) {
+    s.resumed_step = detail::load_shard(options.resume_from, s.identity(), s.slices, *s.optimizer);
+    s.saved_step = s.resumed_step;
+    s.clocks.resume(s.resumed_step);
+  }
   s.round_sum = torch::zeros({s.numel}, s.dtype);
 }
 
@@ -369,6 +409,7 @@ Worker::Worker(const NamedParameters& parameters, Links links, const PsOptions& 
   hello.kind = Kind::kHello;
   hello.fingerprint = fingerprint(w.specs);
   hello.value = mode_word(options);
+  int64_t start = -1;  // the step the servers continue from (a resumed checkpoint's)
   for (int s = 0; s < w.links.roles.servers; ++s) {
     w.on_server(s, "hello", [&](Communicator& link) {
       send_header(link, kServerPeer, hello, options.timeout);
@@ -383,8 +424,17 @@ Worker::Worker(const NamedParameters& parameters, Links links, const PsOptions& 
                             w.server_name(s) + " runs " + describe_mode(reply.value) +
                             "; pass the same PsOptions on every rank");
       }
+      if (s > 0 && reply.clock != start) {
+        throw ContractError(
+            w.name() + ": " + w.server_name(0) + " continues from step " + std::to_string(start) +
+            " but " + w.server_name(s) + " from step " + std::to_string(reply.clock) +
+            ": the servers resumed from a mix of two checkpoints (PsOptions::resume_from holds "
+            "shards of different saves); resume from one complete save");
+      }
+      start = reply.clock;
     });
   }
+  w.clock = start;
 }
 
 Worker::~Worker() {

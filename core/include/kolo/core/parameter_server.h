@@ -164,6 +164,9 @@ class ServerClocks {
   void left(int worker);
   // A worker that left comes back and continues from step `clock`.
   void rejoined(int worker, int64_t clock);
+  // A resumed server checkpoint saved at step `step`: every worker continues
+  // from it (pushed `step` steps), and sync rounds restart at `step`.
+  void resume(int64_t step);
 
   int64_t slowest_live_clock() const;  // INT64_MAX when none is live
   int64_t rounds_applied() const { return rounds_; }

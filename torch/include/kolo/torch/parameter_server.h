@@ -82,6 +82,13 @@ struct PsOptions {
   std::chrono::milliseconds timeout{0};
   // A server counts a worker that sends no request for this long as gone.
   std::chrono::milliseconds idle_timeout = std::chrono::hours(24);
+  // Server checkpoints (servers only; docs/strategies.md): every
+  // checkpoint_every steps (0 = never) each server writes its shard to
+  // checkpoint_dir; with resume_from the servers start from the shards there
+  // and every worker continues at the saved step.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  std::string resume_from;
 };
 
 // Staleness as both sides record it: stats.counts[k] updates were computed

@@ -1,0 +1,231 @@
+// Parameter-server checkpoints (PsOptions::checkpoint_dir, checkpoint_every,
+// resume_from), ranks as threads:
+//  - round trip: servers resumed from a save hold exactly the saved shards,
+//    and every worker continues at the saved step;
+//  - sync mode with Adam: 3 steps, a save, a new job resuming from it for 3
+//    more steps ends exactly where 6 uninterrupted steps end (parameters and
+//    optimizer state both restored);
+//  - a save resumed at another server count, a damaged shard, and a
+//    directory mixing the shards of two saves are clear errors.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kolo/core/errors.h"
+#include "kolo/torch/parameter_server.h"
+#include "optimizer_harness.h"
+#include "temp_dir.h"
+#include "thread_ranks.h"
+
+namespace kolo::ps {
+namespace {
+
+namespace ot = kolo::optimizer_testing;
+using ot::Batch;
+using ot::Mlp;
+
+constexpr std::chrono::milliseconds kTimeout{30000};
+constexpr int64_t kBatch = 6;
+constexpr int kWorkers = 2;
+
+OptimizerFactory adam() {
+  return [](std::vector<torch::Tensor> params) {
+    return ot::make_optimizer(ot::OptimizerKind::kAdam, std::move(params), 0.01);
+  };
+}
+
+PsOptions sync_options() {
+  PsOptions o;
+  o.mode = Mode::kSync;
+  o.timeout = kTimeout;
+  return o;
+}
+
+struct Job {
+  std::vector<std::vector<torch::Tensor>> shards;  // per server, after the job
+  std::vector<int64_t> start;                      // per worker: its clock when it began
+};
+
+// kWorkers workers and `servers` servers as threads, every rank starting from
+// `initial` (the servers' copies count, or the checkpoint resumed): each
+// worker trains from its first clock up to step `until` on its rows of
+// batches[step].
+Job run_job(int servers, const Mlp& initial, const std::vector<Batch>& batches, int64_t until,
+            const PsOptions& options) {
+  std::vector<std::shared_ptr<Mlp>> models;
+  for (int r = 0; r < kWorkers + servers; ++r) models.push_back(ot::clone_of(initial));
+  std::vector<Links> links = make_thread_links(kWorkers, servers, kTimeout);
+  Job job;
+  job.shards.resize(servers);
+  job.start.resize(kWorkers);
+  testing::run_ranks(kWorkers + servers, [&](int rank) {
+    Mlp& model = *models[rank];
+    if (rank >= kWorkers) {
+      Server server(model.named_parameters(), adam(), std::move(links[rank]), options);
+      server.run();
+      for (const torch::Tensor& t : server.shard()) {
+        job.shards[rank - kWorkers].push_back(t.detach().clone());
+      }
+      return;
+    }
+    Worker w(model.named_parameters(), std::move(links[rank]), options);
+    job.start[rank] = w.clock();
+    for (int64_t step = w.clock(); step < until; ++step) {
+      const Batch& batch = batches[static_cast<size_t>(step)];
+      w.pull();
+      model.zero_grad();
+      ot::loss_of(model, batch.rows(rank, kBatch, batch.x), batch.rows(rank, kBatch, batch.y))
+          .backward();
+      w.push();
+    }
+    // The final parameters: in sync mode this waits for the last round to
+    // be applied with every worker's push, before any worker leaves.
+    w.pull();
+    w.finish();
+  });
+  return job;
+}
+
+void expect_same_shards(const Job& a, const Job& b, const std::string& what) {
+  ASSERT_EQ(a.shards.size(), b.shards.size()) << what;
+  for (size_t s = 0; s < a.shards.size(); ++s) {
+    ASSERT_EQ(a.shards[s].size(), b.shards[s].size()) << what;
+    for (size_t i = 0; i < a.shards[s].size(); ++i) {
+      EXPECT_TRUE(torch::equal(a.shards[s][i], b.shards[s][i]))
+          << what << ": largest difference "
+          << (a.shards[s][i] - b.shards[s][i]).abs().max().item<double>() << ": server " << s
+          << " slice " << i;
+    }
+  }
+}
+
+class PsCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    torch::manual_seed(5);
+    initial = std::make_shared<Mlp>();
+    batches = ot::make_batches(6, kWorkers * kBatch);
+  }
+  std::shared_ptr<Mlp> initial;
+  std::vector<Batch> batches;
+};
+
+TEST_F(PsCheckpoint, SyncResumeContinuesIdentically) {
+  testing::TempDir dir("kolo-ps-checkpoint");
+  const Job reference = run_job(2, *initial, batches, 6, sync_options());
+
+  PsOptions save = sync_options();
+  save.checkpoint_dir = dir.path();
+  save.checkpoint_every = 3;
+  const Job first = run_job(2, *initial, batches, 3, save);
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/ps-shard-0-of-2.kolo"));
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/ps-shard-1-of-2.kolo"));
+
+  // Round trip: resumed servers hold what was saved; workers start at step 3.
+  PsOptions resume = sync_options();
+  resume.resume_from = dir.path();
+  const Job reloaded = run_job(2, *initial, batches, 3, resume);
+  EXPECT_EQ(reloaded.start, (std::vector<int64_t>{3, 3}));
+  expect_same_shards(first, reloaded, "resumed without a step");
+
+  // 3 more steps from the save end where 6 uninterrupted ones do (Adam's
+  // moments and step count came back too, or the updates would differ).
+  const Job second = run_job(2, *initial, batches, 6, resume);
+  EXPECT_EQ(second.start, (std::vector<int64_t>{3, 3}));
+  expect_same_shards(reference, second, "3 + 3 steps against 6");
+}
+
+TEST_F(PsCheckpoint, AnotherServerCountIsRefused) {
+  testing::TempDir dir("kolo-ps-checkpoint");
+  PsOptions save = sync_options();
+  save.checkpoint_dir = dir.path();
+  save.checkpoint_every = 2;
+  run_job(2, *initial, batches, 2, save);
+
+  PsOptions resume = sync_options();
+  resume.resume_from = dir.path();
+  std::vector<Links> links = make_thread_links(kWorkers, 1, kTimeout);
+  try {
+    Server server(initial->named_parameters(), adam(), std::move(links[kWorkers]), resume);
+    FAIL() << "a save of 2 servers resumed on 1";
+  } catch (const ContractError& e) {
+    const std::string text = e.what();
+    EXPECT_NE(text.find("ps-shard-0-of-1.kolo' does not exist"), std::string::npos) << text;
+    EXPECT_NE(text.find("holds the shards of 2 server(s) and this job has 1"), std::string::npos)
+        << text;
+    EXPECT_NE(text.find("kolorun --servers 2"), std::string::npos) << text;
+  }
+}
+
+TEST_F(PsCheckpoint, ADamagedShardIsAnErrorNamingIt) {
+  testing::TempDir dir("kolo-ps-checkpoint");
+  PsOptions save = sync_options();
+  save.checkpoint_dir = dir.path();
+  save.checkpoint_every = 1;
+  run_job(1, *initial, batches, 1, save);
+  const std::string shard = dir.path() + "/ps-shard-0-of-1.kolo";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x5a');
+  }
+  PsOptions resume = sync_options();
+  resume.resume_from = dir.path();
+  std::vector<Links> links = make_thread_links(kWorkers, 1, kTimeout);
+  try {
+    Server server(initial->named_parameters(), adam(), std::move(links[kWorkers]), resume);
+    FAIL() << "a damaged shard was loaded";
+  } catch (const ContractError& e) {
+    EXPECT_NE(std::string(e.what()).find(shard), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(PsCheckpoint, AMixOfTwoSavesIsRefused) {
+  testing::TempDir early("kolo-ps-checkpoint"), late("kolo-ps-checkpoint");
+  PsOptions save = sync_options();
+  save.checkpoint_dir = early.path();
+  save.checkpoint_every = 2;
+  run_job(2, *initial, batches, 2, save);  // saves step 2
+  save.checkpoint_dir = late.path();
+  run_job(2, *initial, batches, 4, save);  // saves steps 2 and 4
+  // Server 1's shard of the later save next to server 0's of the earlier one
+  // (what a crash between two servers' saves would leave).
+  std::filesystem::copy_file(late.path() + "/ps-shard-1-of-2.kolo",
+                             early.path() + "/ps-shard-1-of-2.kolo",
+                             std::filesystem::copy_options::overwrite_existing);
+
+  PsOptions resume = sync_options();
+  resume.resume_from = early.path();
+  resume.idle_timeout = std::chrono::seconds(5);  // the servers give up on the refusing worker
+  std::vector<Links> links = make_thread_links(1, 2, kTimeout);
+  auto errors = testing::run_ranks_catching(3, [&](int rank) {
+    auto model = ot::clone_of(*initial);
+    if (rank >= 1) {
+      Server server(model->named_parameters(), adam(), std::move(links[rank]), resume);
+      server.run();
+    } else {
+      Worker w(model->named_parameters(), std::move(links[0]), resume);
+    }
+  });
+  ASSERT_TRUE(errors[0]);
+  try {
+    std::rethrow_exception(errors[0]);
+  } catch (const ContractError& e) {
+    const std::string text = e.what();
+    EXPECT_NE(text.find("parameter server 0 (world rank 1) continues from step 2 but parameter "
+                        "server 1 (world rank 2) from step 4"),
+              std::string::npos)
+        << text;
+    EXPECT_NE(text.find("a mix of two checkpoints"), std::string::npos) << text;
+  }
+}
+
+}  // namespace
+}  // namespace kolo::ps
