@@ -105,30 +105,6 @@ TEST_F(FashionMnistExample, TrainsOnTwoWorkersThroughKolorunAndResumes) {
   std::filesystem::remove_all(dir);
 }
 
-// The pid of kolorun's child with KOLO_WORKER_ID=`id` (-1 if none).
-pid_t worker_pid(pid_t kolorun, int id) {
-  const std::string wanted = "KOLO_WORKER_ID=" + std::to_string(id);
-  pid_t found = -1;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    const std::string text((std::istreambuf_iterator<char>(stat)), {});
-    const size_t paren = text.rfind(')');
-    if (paren == std::string::npos) continue;
-    std::istringstream fields(text.substr(paren + 1));
-    char state;
-    pid_t ppid = 0;
-    fields >> state >> ppid;
-    if (ppid != kolorun) continue;
-    std::ifstream environ(entry.path() / "environ", std::ios::binary);
-    for (std::string variable; std::getline(environ, variable, '\0');) {
-      if (variable == wanted) found = static_cast<pid_t>(std::stol(name));
-    }
-  }
-  return found;
-}
-
 // 3 workers, 1920 images in batches of 32 (20 steps per epoch), committing
 // every 4 steps; worker 2 is SIGKILLed once rank 0 reports step 7. The two
 // others go back to their commit at step 4 (at most one commit interval of
@@ -141,7 +117,7 @@ TEST_F(FashionMnistExample, ElasticRunSurvivesAKilledWorker) {
   const std::regex step7(R"((^|\n) *7/20 \[)");
   ASSERT_TRUE(job.wait_for_stdout(
       [&](const std::string& out) { return std::regex_search(out, step7); }, seconds(90)));
-  const pid_t victim = worker_pid(job.pid(), 2);
+  const pid_t victim = child_with_env(job.pid(), "KOLO_WORKER_ID=2");
   ASSERT_GT(victim, 0);
   ASSERT_EQ(kill(victim, SIGKILL), 0);
   RunResult r = job.wait(seconds(90));

@@ -8,9 +8,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -23,6 +25,7 @@ namespace kolo::kolorun_test {
 
 std::string kolorun_path() { return std::string(KOLO_BINARY_DIR) + "/launcher/kolorun"; }
 std::string bench_path() { return std::string(KOLO_BINARY_DIR) + "/bench/kolo-bench"; }
+std::string torch_tests_path() { return std::string(KOLO_BINARY_DIR) + "/tests/kolo_torch_tests"; }
 
 std::pair<std::string, int> run_shell(const std::string& command) {
   FILE* pipe = popen(command.c_str(), "r");
@@ -216,6 +219,36 @@ int usable_cores_here() {
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
   return 1;
+}
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+pid_t child_with_env(pid_t parent, const std::string& variable) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    const std::optional<detail::ProcStat> stat = detail::read_proc_stat(pid);
+    if (!stat || stat->ppid != parent) continue;
+    // read(2), not a stream: the process may exit mid-read (proc_stat.h).
+    const int fd = ::open(("/proc/" + name + "/environ").c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    std::string env;
+    char buffer[4096];
+    for (ssize_t n; (n = ::read(fd, buffer, sizeof(buffer))) > 0;) env.append(buffer, n);
+    ::close(fd);
+    for (size_t begin = 0; begin < env.size();) {
+      const size_t end = std::min(env.find('\0', begin), env.size());
+      if (env.compare(begin, end - begin, variable) == 0) return pid;
+      begin = end + 1;
+    }
+  }
+  return -1;
 }
 
 }  // namespace kolo::kolorun_test

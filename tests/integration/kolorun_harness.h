@@ -15,6 +15,7 @@ namespace kolo::kolorun_test {
 std::string kolorun_path();                        // KOLO_BINARY_DIR/launcher/kolorun
 std::string worker_path(const std::string& name);  // KOLO_BINARY_DIR/tests/<name>
 std::string bench_path();                          // KOLO_BINARY_DIR/bench/kolo-bench
+std::string torch_tests_path();  // KOLO_BINARY_DIR/tests/kolo_torch_tests (run under kolorun)
 
 struct RunResult {
   int exit_code = -1;      // kolorun's exit code (-1 when killed by a signal)
@@ -89,5 +90,13 @@ std::vector<std::string> tagged_lines(const std::string& output, int rank,
 
 // Cores this process may use (the count kolorun divides among workers).
 int usable_cores_here();
+
+// How many times `what` occurs in `text`.
+size_t count_of(const std::string& text, const std::string& what);
+
+// The pid of a child of `parent` (kolorun: one of its workers) whose
+// environment holds `variable` ("KOLO_RANK=2"); -1 if none. Children that
+// exit during the scan are skipped.
+pid_t child_with_env(pid_t parent, const std::string& variable);
 
 }  // namespace kolo::kolorun_test

@@ -16,14 +16,6 @@ namespace {
 
 using std::chrono::seconds;
 
-std::string torch_tests_path() { return KOLO_BINARY_DIR "/tests/kolo_torch_tests"; }
-
-size_t count_of(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
 TEST(MirroredUnderKolorun, TwoProcessesOfTwoReplicasEqualOneProcess) {
   if (access(torch_tests_path().c_str(), X_OK) != 0) {
     GTEST_SKIP() << torch_tests_path() << " is not built (kolo_torch needs libtorch-dev)";

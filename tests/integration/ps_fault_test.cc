@@ -9,8 +9,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -20,14 +18,6 @@ namespace kolo::kolorun_test {
 namespace {
 
 using std::chrono::seconds;
-
-std::string torch_tests_path() { return KOLO_BINARY_DIR "/tests/kolo_torch_tests"; }
-
-size_t count_of(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
 
 TEST(PsFaultUnderKolorun, AKilledServerIsAnErrorNamingItOnEveryWorker) {
   if (access(torch_tests_path().c_str(), X_OK) != 0) {
@@ -48,24 +38,6 @@ TEST(PsFaultUnderKolorun, AKilledServerIsAnErrorNamingItOnEveryWorker) {
   EXPECT_NE(r.err.find("killed by signal 9"), std::string::npos) << r.err;
 }
 
-// The pid of kolorun's child whose environment holds `variable` (-1 if none).
-pid_t child_with(pid_t kolorun, const std::string& variable) {
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    const std::string text((std::istreambuf_iterator<char>(stat)), {});
-    const size_t paren = text.rfind(')');
-    if (paren == std::string::npos) continue;
-    if (std::stol(text.substr(paren + 4)) != kolorun) continue;  // ") S <ppid>"
-    std::ifstream environ(entry.path() / "environ", std::ios::binary);
-    for (std::string v; std::getline(environ, v, '\0');) {
-      if (v == variable) return static_cast<pid_t>(std::stol(name));
-    }
-  }
-  return -1;
-}
-
 TEST(PsFaultUnderKolorun, TheExampleWithItsServerKilledStops) {
   const std::string example = KOLO_BINARY_DIR "/examples/fashion_mnist/fashion_mnist";
   const std::string data = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
@@ -79,7 +51,7 @@ TEST(PsFaultUnderKolorun, TheExampleWithItsServerKilledStops) {
   ASSERT_TRUE(job.wait_for_stdout(
       [](const std::string& out) { return out.find("Epoch 1/1") != std::string::npos; },
       seconds(120)));
-  const pid_t server = child_with(job.pid(), "KOLO_RANK=2");
+  const pid_t server = child_with_env(job.pid(), "KOLO_RANK=2");
   ASSERT_GT(server, 0);
   ASSERT_EQ(kill(server, SIGKILL), 0);
   const RunResult r = job.wait(seconds(120));
