@@ -503,10 +503,16 @@ std::string encode_archive(torch::serialize::OutputArchive& archive) {
 }
 
 void decode_archive(const std::string& bytes, torch::serialize::InputArchive& archive) {
-  torch::serialize::OutputArchive out;
-  decode(bytes, &out);
+  // The decoded tensors are released once libtorch has serialised them: at
+  // most three copies of the payload's size are alive at once.
+  std::string zip;
+  {
+    torch::serialize::OutputArchive out;
+    decode(bytes, &out);
+    zip = archive_to_bytes(out);
+  }
   try {
-    archive_from_bytes(archive_to_bytes(out), archive);
+    archive_from_bytes(zip, archive);
   } catch (const std::exception& e) {
     throw ContractError("kolo archive: libtorch refused the decoded archive: " + what_of(e));
   }
