@@ -156,7 +156,9 @@ void torch_seeds() {
   d::ZeroSegment b{"fc.bias", 0, 2, 0, torch::ones({2}), {{"exp_avg", torch::zeros({2})}}};
   shard.segments = {w, b};
   torch::serialize::OutputArchive scalars;
-  scalars.write("step", c10::IValue(int64_t{1}));
+  // A whole parameter's Adam state (a shard holds only its scalars; the
+  // tensors let zero_checkpoint_fuzz's case 4 load it fully).
+  adam.state().begin()->second->serialize(scalars);
   shard.group_scalars[0] = d::encode_archive(scalars);
   const std::string index_bytes = d::encode_zero_index(index);
   const std::string shard_bytes = d::encode_zero_shard(shard);
@@ -165,6 +167,8 @@ void torch_seeds() {
   std::string n(4, '\0');
   for (int i = 0; i < 4; ++i) n[i] = static_cast<char>((index_bytes.size() >> (8 * i)) & 0xff);
   write("zero_checkpoint", "both", std::string(1, 2) + n + index_bytes + shard_bytes);
+  write("zero_checkpoint", "index-options", std::string(1, 3) + index_bytes);
+  write("zero_checkpoint", "shard-state", std::string(1, 4) + shard_bytes);
   d::check_zero_shard(d::decode_zero_shard(shard_bytes, "shard"), 1,
                       d::decode_zero_index(index_bytes, "index"), "index", "shard");
 }

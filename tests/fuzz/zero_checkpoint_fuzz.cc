@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "archive_codec.h"
 #include "kolo/core/errors.h"
 #include "zero_format.h"
 
@@ -18,7 +19,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string rest(reinterpret_cast<const char*>(data) + 1, size - 1);
   namespace d = kolo::detail;
   try {
-    switch (data[0] % 3) {
+    switch (data[0] % 5) {
       case 0:
         d::decode_zero_index(rest, "index");
         break;
@@ -35,6 +36,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         d::check_zero_shard(shard, shard.rank, index, "index", "shard");
         break;
       }
+      case 3:
+        for (const std::string& bytes : d::decode_zero_index(rest, "index").group_options) {
+          torch::serialize::InputArchive in;
+          d::decode_archive(bytes, in);
+          torch::optim::AdamOptions options;
+          try {
+            options.serialize(in);
+          } catch (const c10::Error&) {
+          }
+        }
+        break;
+      case 4:
+        for (const auto& [group, bytes] : d::decode_zero_shard(rest, "shard").group_scalars) {
+          torch::serialize::InputArchive in;
+          d::decode_archive(bytes, in);
+          torch::optim::AdamParamState state;
+          try {
+            state.serialize(in);
+          } catch (const c10::Error&) {
+          }
+        }
+        break;
     }
   } catch (const kolo::ContractError&) {
   }
