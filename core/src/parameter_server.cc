@@ -117,7 +117,7 @@ std::vector<int64_t> Header::encode() const {
 Header Header::decode(const int64_t* words, const std::string& source) {
   Header h;
   const int64_t kind = words[0];
-  if (kind < static_cast<int64_t>(Kind::kHello) || kind > static_cast<int64_t>(Kind::kReply)) {
+  if (kind < static_cast<int64_t>(Kind::kHello) || kind > static_cast<int64_t>(Kind::kSparsePush)) {
     throw ContractError(source + ": not a parameter-server message (kind " + std::to_string(kind) +
                         "); is the peer running the same kolo?");
   }
@@ -198,7 +198,15 @@ bool ServerClocks::pushed(int worker, int64_t clock) {
   stats_.counts[std::min<size_t>(static_cast<size_t>(staleness), kStalenessBins - 1)] += 1;
   if (mode_ != Mode::kSync) return false;
   round_pushes_ += 1;
-  return round_pushes_ >= live_workers();
+  return round_complete();
+}
+
+bool ServerClocks::round_complete() const {
+  if (mode_ != Mode::kSync || round_pushes_ == 0) return false;
+  for (size_t w = 0; w < clocks_.size(); ++w) {
+    if (live_[w] && clocks_[w] <= rounds_) return false;
+  }
+  return true;
 }
 
 void ServerClocks::round_applied() {

@@ -128,6 +128,20 @@ TEST(PsClocks, SyncServesStepCAfterRoundCMinus1) {
   EXPECT_EQ(c.stats().max_staleness, 0);
 }
 
+TEST(PsClocks, SyncRoundWaitsForLiveWorkersWhenAnotherLeaves) {
+  // Worker 0 pushes its last step and leaves before worker 1 pushes that
+  // step: the round still waits for worker 1 (and then averages both).
+  ServerClocks c(2, Mode::kSync, 0);
+  EXPECT_FALSE(c.pushed(0, 0));
+  c.left(0);
+  EXPECT_FALSE(c.round_complete()) << "worker 1 has not pushed step 0";
+  EXPECT_TRUE(c.pushed(1, 0));
+  EXPECT_EQ(c.round_pushes(), 2);
+  c.round_applied();
+  // Worker 1 goes on alone.
+  EXPECT_TRUE(c.pushed(1, 1));
+}
+
 TEST(PsClocks, SspBoundsTheLeadOverTheSlowestLiveWorker) {
   ServerClocks c(2, Mode::kSsp, 1);
   // Worker 0 runs ahead while worker 1 stays at step 0.

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "kolo/core/errors.h"
+#include "kolo/torch/ps_embedding.h"
 #include "kolo/torch/tensor.h"
 #include "ps_checkpoint.h"
 
@@ -113,6 +114,7 @@ struct Server::Impl {
   std::vector<std::string> lost;
   int64_t resumed_step = 0;  // the step of the checkpoint resumed from (0: none)
   int64_t saved_step = 0;    // the last step saved (or resumed from)
+  std::vector<std::shared_ptr<EmbeddingTable>> tables;  // sparse tables (ps_embedding.h)
 
   Impl(int workers, const PsOptions& o) : options(o), clocks(workers, o.mode, o.max_staleness) {}
 
@@ -155,10 +157,24 @@ struct Server::Impl {
     return {server, links.roles.servers, fingerprint, options.mode};
   }
 
+  // Sync: applies the round's average (dense and every table's rows) once.
+  void complete_round() {
+    const int pushes = clocks.round_pushes();
+    round_sum.div_(pushes);
+    apply(round_sum);
+    round_sum.zero_();
+    for (const auto& table : tables) table->apply_round(pushes);
+    clocks.round_applied();
+  }
+
   void serve(int worker);
   void handle_hello(int worker, const Header& h);
   void handle_pull(int worker, const Header& h);
   void handle_push(int worker, const Header& h, torch::Tensor& buffer);
+  EmbeddingTable& table_of(int worker, const Header& h);
+  torch::Tensor recv_rows(int worker, const Header& h, const EmbeddingTable& table);
+  void handle_sparse_pull(int worker, const Header& h);
+  void handle_sparse_push(int worker, const Header& h);
   void lose(int worker, const std::string& why);
 };
 
@@ -216,15 +232,99 @@ void Server::Impl::handle_push(int worker, const Header& h, torch::Tensor& buffe
     apply(buffer);
   } else {
     round_sum.add_(buffer);
-    if (round_complete) {
-      round_sum.div_(clocks.round_pushes());
-      apply(round_sum);
-      round_sum.zero_();
-      clocks.round_applied();
-    }
+    if (round_complete) complete_round();
   }
   maybe_save();
   changed.notify_all();
+}
+
+EmbeddingTable& Server::Impl::table_of(int worker, const Header& h) {
+  const bool known = h.value >= 0 && h.value < static_cast<int64_t>(tables.size());
+  if (known && tables[h.value]->options().fingerprint() == h.fingerprint &&
+      h.count <= tables[h.value]->rows()) {
+    return *tables[h.value];
+  }
+  std::string why =
+      name() + " refused worker " + std::to_string(worker) + "'s rows of table " +
+      std::to_string(h.value) +
+      (!known ? ": the server holds " + std::to_string(tables.size()) +
+                    " table(s); add the same tables, in the same order, on every server"
+       : tables[h.value]->options().fingerprint() != h.fingerprint
+           ? ": the table's name, rows or dim differ from the server's '" +
+                 tables[h.value]->options().name + "'"
+           : ": " + std::to_string(h.count) + " rows, more than the " +
+                 std::to_string(tables[h.value]->rows()) + " this server holds");
+  if (h.kind == Kind::kSparsePull && h.count == 0) {
+    // A greeting (Worker::check_table): the worker waits for the verdict.
+    Header reply;
+    reply.kind = Kind::kReply;
+    reply.status = kRefusedModel;
+    send_header(*links.peers[worker], kWorkerPeer, reply, options.timeout);
+  }
+  throw ContractError(why);
+}
+
+// The row ids of a sparse request, checked against the table's range.
+torch::Tensor Server::Impl::recv_rows(int worker, const Header& h, const EmbeddingTable& table) {
+  torch::Tensor rows = torch::empty({h.count}, torch::kLong);
+  recv_tensor(*links.peers[worker], kWorkerPeer, kPushTag, rows, options.timeout);
+  if (h.count > 0) {
+    const int64_t lo = rows.min().item<int64_t>();
+    const int64_t hi = rows.max().item<int64_t>();
+    if (lo < 0 || hi >= table.rows()) {
+      throw ContractError(name() + ": worker " + std::to_string(worker) + " named row " +
+                          std::to_string(lo < 0 ? lo : hi) + " of table '" + table.options().name +
+                          "', outside the server's " + std::to_string(table.rows()) + " rows");
+    }
+  }
+  return rows;
+}
+
+void Server::Impl::handle_sparse_pull(int worker, const Header& h) {
+  EmbeddingTable& table = table_of(worker, h);
+  if (h.count == 0) {  // a greeting: the table is here
+    Header reply;
+    reply.kind = Kind::kReply;
+    send_header(*links.peers[worker], kWorkerPeer, reply, options.timeout);
+    return;
+  }
+  const torch::Tensor rows = recv_rows(worker, h, table);
+  torch::Tensor values;
+  Header reply;
+  reply.kind = Kind::kReply;
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    changed.wait(lock, [&] { return failure || clocks.may_serve_pull(h.clock); });
+    if (failure) std::rethrow_exception(failure);
+    reply.value = clocks.served_pull(worker, h.clock);
+    reply.clock = h.clock;
+    reply.count = h.count;
+    values = table.gather(rows);
+  }
+  Communicator& link = *links.peers[worker];
+  send_header(link, kWorkerPeer, reply, options.timeout);
+  send_tensor(link, kWorkerPeer, kParamsTag, values, options.timeout);
+}
+
+void Server::Impl::handle_sparse_push(int worker, const Header& h) {
+  EmbeddingTable& table = table_of(worker, h);
+  const torch::Tensor rows = recv_rows(worker, h, table);
+  torch::Tensor grads = torch::empty({h.count, table.options().dim}, torch::kFloat);
+  recv_tensor(*links.peers[worker], kWorkerPeer, kPushTag, grads, options.timeout);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (failure) std::rethrow_exception(failure);
+  if (h.clock != clocks.next_step(worker)) {
+    throw ContractError(name() + ": worker " + std::to_string(worker) + " pushed rows of table '" +
+                        table.options().name + "' for step " + std::to_string(h.clock) +
+                        " but its next step is " + std::to_string(clocks.next_step(worker)) +
+                        "; call Embedding::push() before Worker::push()");
+  }
+  torch::NoGradGuard no_grad;
+  if (options.mode == Mode::kSync) {
+    table.accumulate(rows, grads);
+  } else {
+    table.apply(rows, grads);
+  }
 }
 
 void Server::Impl::lose(int worker, const std::string& why) {
@@ -242,13 +342,9 @@ void Server::Impl::lose(int worker, const std::string& why) {
   }
   // A round may now be complete without this worker (it left after pushing
   // nothing more); apply it so that the others go on.
-  if (!failure && options.mode == Mode::kSync && clocks.round_pushes() > 0 &&
-      clocks.round_pushes() >= clocks.live_workers()) {
+  if (!failure && clocks.round_complete()) {
     torch::NoGradGuard no_grad;
-    round_sum.div_(clocks.round_pushes());
-    apply(round_sum);
-    round_sum.zero_();
-    clocks.round_applied();
+    complete_round();
   }
   changed.notify_all();
 }
@@ -269,6 +365,12 @@ void Server::Impl::serve(int worker) {
           break;
         case Kind::kPush:
           handle_push(worker, h, buffer);
+          break;
+        case Kind::kSparsePull:
+          handle_sparse_pull(worker, h);
+          break;
+        case Kind::kSparsePush:
+          handle_sparse_push(worker, h);
           break;
         case Kind::kDone:
           lose(worker, "");
@@ -320,6 +422,11 @@ Server::Server(const NamedParameters& parameters, const OptimizerFactory& make_o
 }
 
 Server::~Server() = default;
+
+void Server::add_table(std::shared_ptr<EmbeddingTable> table) {
+  if (!table) throw ContractError(impl_->name() + ": add_table(nullptr)");
+  impl_->tables.push_back(std::move(table));
+}
 
 void Server::run() {
   std::vector<std::thread> threads;
@@ -528,6 +635,86 @@ void Worker::finish() {
 }
 
 int64_t Worker::clock() const { return impl_->clock; }
+
+const Roles& Worker::roles() const { return impl_->links.roles; }
+
+void Worker::check_table(const RowRequest& r) {
+  Impl& w = *impl_;
+  Header greeting;
+  greeting.kind = Kind::kSparsePull;
+  greeting.clock = w.clock;
+  greeting.fingerprint = r.fingerprint;
+  greeting.value = r.table;
+  for (int s = 0; s < w.links.roles.servers; ++s) {
+    w.on_server(s, "check_table", [&](Communicator& link) {
+      send_header(link, kServerPeer, greeting, w.options.timeout);
+      const Header reply = recv_header(link, kServerPeer, kReplyTag, w.options.timeout, w.name());
+      if (reply.status != 0) {
+        throw ContractError(w.name() + ": " + w.server_name(s) + " holds no table " +
+                            std::to_string(r.table) +
+                            " with this name, rows and dim; add the same tables, in the same "
+                            "order, on every server and worker");
+      }
+    });
+  }
+}
+
+void Worker::pull_rows(const RowRequest& r, const std::vector<torch::Tensor>& rows,
+                       std::vector<torch::Tensor>* values) {
+  Impl& w = *impl_;
+  if (w.finished) throw ContractError(w.name() + ": pull_rows() after finish()");
+  Header request;
+  request.kind = Kind::kSparsePull;
+  request.clock = w.clock;
+  request.fingerprint = r.fingerprint;
+  request.value = r.table;
+  const int servers = w.links.roles.servers;
+  values->assign(servers, torch::Tensor());
+  for (int s = 0; s < servers; ++s) {
+    if (rows[s].numel() == 0) continue;
+    request.count = rows[s].numel();
+    w.on_server(s, "pull_rows", [&](Communicator& link) {
+      send_header(link, kServerPeer, request, w.options.timeout);
+      send_tensor(link, kServerPeer, kPushTag, rows[s], w.options.timeout);
+    });
+  }
+  for (int s = 0; s < servers; ++s) {
+    const int64_t n = rows[s].numel();
+    (*values)[s] = torch::empty({n, r.dim}, torch::kFloat);
+    if (n == 0) continue;
+    w.on_server(s, "pull_rows", [&](Communicator& link) {
+      const Header reply = recv_header(link, kServerPeer, kReplyTag, w.options.timeout, w.name());
+      if (reply.count != n || reply.clock != w.clock) {
+        throw ContractError(w.name() + ": " + w.server_name(s) + " answered step " +
+                            std::to_string(reply.clock) + " with " + std::to_string(reply.count) +
+                            " rows; expected step " + std::to_string(w.clock) + " with " +
+                            std::to_string(n));
+      }
+      recv_tensor(link, kServerPeer, kParamsTag, (*values)[s], w.options.timeout);
+      w.stats.max_staleness_seen = std::max(w.stats.max_staleness_seen, reply.value);
+    });
+  }
+}
+
+void Worker::push_rows(const RowRequest& r, const std::vector<torch::Tensor>& rows,
+                       const std::vector<torch::Tensor>& grads) {
+  Impl& w = *impl_;
+  if (w.finished) throw ContractError(w.name() + ": push_rows() after finish()");
+  Header request;
+  request.kind = Kind::kSparsePush;
+  request.clock = w.clock;
+  request.fingerprint = r.fingerprint;
+  request.value = r.table;
+  for (int s = 0; s < w.links.roles.servers; ++s) {
+    if (rows[s].numel() == 0) continue;
+    request.count = rows[s].numel();
+    w.on_server(s, "push_rows", [&](Communicator& link) {
+      send_header(link, kServerPeer, request, w.options.timeout);
+      send_tensor(link, kServerPeer, kPushTag, rows[s], w.options.timeout);
+      send_tensor(link, kServerPeer, kPushTag, grads[s], w.options.timeout);
+    });
+  }
+}
 
 Worker::Stats Worker::stats() const { return impl_->stats; }
 

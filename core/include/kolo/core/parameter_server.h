@@ -121,6 +121,13 @@ enum class Kind : int64_t {
   kPush = 3,   // clock = the step whose gradient follows; count = elements
   kDone = 4,   // the worker leaves; no reply
   kReply = 5,  // value = the server's slowest live clock when answered (pull)
+  // Rows of an embedding table (kolo/torch/ps_embedding.h): value = the
+  // table's index on the server, fingerprint = its spec's, count = rows; the
+  // row ids (int64, local to the server's range) follow on kPushTag.
+  // clock = the step about to run; answered by a kReply and the rows. With
+  // count 0, a greeting: the reply's status says whether the table is there.
+  kSparsePull = 6,
+  kSparsePush = 7,  // clock = the step whose row gradients follow (before its kPush)
 };
 
 struct Header {
@@ -155,9 +162,12 @@ class ServerClocks {
   // the staleness it reads with (its clock minus the slowest live worker's).
   int64_t served_pull(int worker, int64_t clock);
   // Records `worker`'s push of step `clock`. ContractError if it is not the
-  // next step of that worker (a protocol violation). Returns true when the
-  // sync round is now complete (every live worker pushed this step).
+  // next step of that worker (a protocol violation). Returns round_complete().
   bool pushed(int worker, int64_t clock);
+  // Sync: the current round has pushes and every live worker has pushed its
+  // step (a worker that left after pushing it still counts in the average;
+  // a live one that has not pushed yet is still waited for).
+  bool round_complete() const;
   // The sync round was applied (after pushed() returned true).
   void round_applied();
   // The worker left (kDone) or its link failed; it no longer holds anyone back.
@@ -174,6 +184,8 @@ class ServerClocks {
   bool all_left() const { return live_workers() == 0; }
   // Pushes of the current round received so far (sync).
   int round_pushes() const { return round_pushes_; }
+  // The step `worker` pushes next (the steps it has pushed).
+  int64_t next_step(int worker) const { return clocks_[worker]; }
 
   struct Stats {
     int64_t updates = 0;          // pushes applied (sync: pushes received)

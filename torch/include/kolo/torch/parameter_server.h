@@ -95,6 +95,8 @@ struct PsOptions {
 // at staleness k (the last bin counts k and more).
 using StalenessStats = ServerClocks::Stats;
 
+class EmbeddingTable;  // kolo/torch/ps_embedding.h
+
 class Server {
  public:
   Server(const NamedParameters& parameters, const OptimizerFactory& make_optimizer, Links links,
@@ -102,6 +104,10 @@ class Server {
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
+
+  // Adds a sparse embedding table (kolo/torch/ps_embedding.h) before run():
+  // workers name it by its index, in the order of the calls.
+  void add_table(std::shared_ptr<EmbeddingTable> table);
 
   // Serves every worker (one thread per link) until each has finished or
   // left. Throws the RuntimeFault that stopped a synchronous server.
@@ -142,6 +148,26 @@ class Worker {
   void finish();
 
   int64_t clock() const;
+  const Roles& roles() const;
+
+  // The sparse exchange of ps::Embedding (ps_embedding.h) on this worker's
+  // links, as its current step: rows[s] are int64 row ids local to server
+  // s's range, unique; servers given no rows are skipped.
+  struct RowRequest {
+    int table = 0;            // the server's index of the table
+    int64_t fingerprint = 0;  // EmbeddingOptions::fingerprint()
+    int64_t dim = 0;
+  };
+  // Asks every server whether it holds the table (Embedding's constructor):
+  // ContractError when one does not.
+  void check_table(const RowRequest& request);
+  // values[s] <- the rows (rows[s].numel() x dim, float32).
+  void pull_rows(const RowRequest& request, const std::vector<torch::Tensor>& rows,
+                 std::vector<torch::Tensor>* values);
+  // grads[s]: (rows[s].numel() x dim, float32) gradients of those rows.
+  void push_rows(const RowRequest& request, const std::vector<torch::Tensor>& rows,
+                 const std::vector<torch::Tensor>& grads);
+
   struct Stats {
     int64_t max_staleness_seen = 0;  // over this worker's pulls
     int64_t bytes_pulled = 0;
