@@ -211,7 +211,7 @@ int main(int argc, char** argv) {
       "ps",
       "parameter server (sync, async, ssp) against allreduce: samples/sec, bytes per step, "
       "test accuracy and staleness on Fashion-MNIST (run as a plain process)");
-  ps_sub->add_option("--models", ps.models, "mlp, cnn")->delimiter(',');
+  ps_sub->add_option("--models", ps.models, "mlp, cnn, sparse")->delimiter(',');
   ps_sub->add_option("--designs", ps.designs, "allreduce, ps")->delimiter(',');
   ps_sub->add_option("--modes", ps.modes, "sync, async, ssp (design ps)")->delimiter(',');
   ps_sub->add_option("--workers", ps.workers, "worker counts")->delimiter(',');
@@ -223,7 +223,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   ps_sub->add_option("--test-subset", ps.test_subset, "test images")->check(CLI::PositiveNumber);
   ps_sub->add_option("--batch", ps.batch, "images per worker per step")->check(CLI::PositiveNumber);
-  ps_sub->add_option("--lr", ps.lr, "SGD learning rate");
+  ps_sub->add_option("--lr", ps.lr, "learning rate (SGD; Adagrad for model sparse)");
+  ps_sub->add_option("--rows", ps.rows, "model sparse: embedding table rows (x 64 floats)")
+      ->check(CLI::PositiveNumber);
   ps_sub->add_option("--config-timeout", ps.config_timeout_s, "seconds per configuration");
   ps_sub->add_option("--data-dir", ps.data_dir, "Fashion-MNIST's gzipped IDX files");
   ps_sub->add_flag("--json", ps.json, "one JSON object per row instead of the table");
@@ -483,6 +485,7 @@ int main(int argc, char** argv) {
       ps_worker.test_subset = ps.test_subset;
       ps_worker.batch = ps.batch;
       ps_worker.lr = ps.lr;
+      ps_worker.rows = ps.rows;
       ps_worker.data_dir = ps.data_dir;
       return kolo::bench::run_ps_worker(ps_worker);
     }

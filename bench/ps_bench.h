@@ -15,8 +15,13 @@
 // the slowest worker's time), bytes per step per worker, test accuracy and
 // max staleness; --json prints the rows as the issue lists them, --docs
 // rewrites the `ps` section of docs/strategies.md.
+// Model `sparse` (ps_sparse_bench.cc) is an embedding table of --rows x 64
+// and a small MLP on synthetic click data, trained with Adagrad: design ps
+// moves only the rows a step touches, design allreduce the whole table; its
+// test_metric is the held-out log-loss (lower is better).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -34,6 +39,7 @@ struct PsBenchOptions {
   int test_subset = 2000;
   int batch = 32;  // per worker per step
   double lr = 0.02;
+  int64_t rows = 10'000'000;  // model sparse: the table's rows
   int config_timeout_s = 900;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   bool json = false;
@@ -52,10 +58,12 @@ struct PsWorkerOptions {
   int test_subset = 2000;
   int batch = 32;
   double lr = 0.02;
+  int64_t rows = 10'000'000;
   std::string data_dir;
 };
 
 int run_ps_bench(const PsBenchOptions& options);
 int run_ps_worker(const PsWorkerOptions& options);
+int run_ps_sparse_worker(const PsWorkerOptions& options);  // model sparse
 
 }  // namespace kolo::bench

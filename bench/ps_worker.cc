@@ -39,7 +39,7 @@ BenchModel make_model(const std::string& name) {
     ScalingCnn m;
     return {m.ptr(), [m](const torch::Tensor& x) mutable { return m->forward(x); }};
   }
-  throw ContractError("kolo-bench ps: unknown --model '" + name + "'; use mlp or cnn");
+  throw ContractError("kolo-bench ps: unknown --model '" + name + "'; use mlp, cnn or sparse");
 }
 
 torch::Tensor as_input(const torch::Tensor& images) {
@@ -69,6 +69,7 @@ int64_t param_bytes(torch::nn::Module& module) {
 }  // namespace
 
 int run_ps_worker(const PsWorkerOptions& options) {
+  if (options.model == "sparse") return run_ps_sparse_worker(options);
   torch::set_num_threads(1);
   kolo::init();
   BenchModel model = make_model(options.model);
