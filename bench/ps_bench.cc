@@ -161,8 +161,10 @@ int run_ps_bench(const PsBenchOptions& options) {
     const std::string body = "Command: `" + options.command_line +
                              "` (every configuration in fresh processes through kolorun)\n\n**" +
                              report.title + "**\n\n" + report.markdown() + "\n";
-    write_docs_section(options.docs_path, "ps", body);
-    std::cout << "wrote the ps section of " << options.docs_path << "\n";
+    // Model sparse has a section of its own (docs/strategies.md, "Sparse embeddings").
+    const std::string section = sparse_only ? "ps-sparse" : "ps";
+    write_docs_section(options.docs_path, section, body);
+    std::cout << "wrote the " << section << " section of " << options.docs_path << "\n";
   }
   return failed ? 1 : 0;
 }
