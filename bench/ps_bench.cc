@@ -81,8 +81,7 @@ int run_ps_bench(const PsBenchOptions& options) {
             << c.mode << " --max-staleness " << options.max_staleness << " --epochs "
             << options.epochs << " --train-subset " << options.train_subset << " --test-subset "
             << options.test_subset << " --batch " << options.batch << " --lr " << options.lr
-            << " --rows " << options.rows
-            << " --data-dir '" << options.data_dir << "'";
+            << " --rows " << options.rows << " --data-dir '" << options.data_dir << "'";
     std::cerr << "kolo-bench ps: " << c.model << " " << c.design << " " << c.mode << ", "
               << c.workers << " worker(s), " << c.servers << " server(s)\n";
     const auto [out, status] = run_command(command.str(), "ps");

@@ -38,7 +38,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int64_t kDim = 64;
 constexpr int64_t kFields = 8;
-constexpr double kSkew = 6.0;       // P(row < x) = (x / rows)^(1 / kSkew)
+constexpr double kSkew = 6.0;        // P(row < x) = (x / rows)^(1 / kSkew)
 constexpr double kHiddenGain = 2.0;  // logit = gain * sum of scores / sqrt(fields)
 
 struct Clicks {
@@ -167,7 +167,8 @@ int run_ps_sparse_worker(const PsWorkerOptions& o) {
   std::unique_ptr<torch::optim::Optimizer> adagrad;
   std::unique_ptr<DistributedOptimizer> allreduce;
   if (ps) {
-    ps_worker = std::make_unique<ps::Worker>(head->named_parameters(), std::move(links), ps_options);
+    ps_worker =
+        std::make_unique<ps::Worker>(head->named_parameters(), std::move(links), ps_options);
     embedding = std::make_unique<ps::Embedding>(table, *ps_worker, 0);
   } else {
     // Every rank starts from the same table (embedding_init is deterministic)
@@ -228,9 +229,9 @@ int run_ps_sparse_worker(const PsWorkerOptions& o) {
     // Per training step: taken before the evaluation's pulls below.
     const ps::Worker::Stats dense = ps_worker->stats();
     const ps::Embedding::Stats sparse = embedding->stats();
-    row["bytes_per_step"] = (dense.bytes_pulled + dense.bytes_pushed + sparse.bytes_pulled +
-                             sparse.bytes_pushed) /
-                            std::max<int64_t>(1, steps);
+    row["bytes_per_step"] =
+        (dense.bytes_pulled + dense.bytes_pushed + sparse.bytes_pulled + sparse.bytes_pushed) /
+        std::max<int64_t>(1, steps);
     row["rows_per_step"] = sparse.rows_pulled / std::max<int64_t>(1, steps);
     row["max_staleness_seen"] = dense.max_staleness_seen;
     ps_worker->pull();  // the parameters after every update this worker waited for

@@ -67,4 +67,40 @@ TEST(PsBench, EveryModeTrainsThroughKolorunWithServers) {
   EXPECT_NEAR(accuracy["ps/sync"], accuracy["allreduce/sync"], 0.011) << out;
 }
 
+// The sparse model (an embedding table and an MLP) at a tiny size: both
+// designs train through kolorun, sync PS moves fewer bytes than the
+// whole-table allreduce and reaches the same held-out loss (the same
+// training: row-wise Adagrad leaves untouched rows as dense Adagrad does).
+TEST(PsBench, SparseModelTrainsThroughKolorunWithServers) {
+  if (access(bench_path().c_str(), X_OK) != 0 ||
+      run_shell("'" + bench_path() + "' ps --help >/dev/null 2>&1").second != 0) {
+    GTEST_SKIP() << "kolo-bench has no ps mode (kolo_torch needs libtorch-dev)";
+  }
+  const auto [out, status] = run_shell(
+      "timeout 600 '" + bench_path() +
+      "' ps --json --models sparse --designs allreduce,ps --modes sync,async --workers 2 "
+      "--servers 2 --rows 20000 --epochs 1 --train-subset 1280 --test-subset 400 --batch 32 "
+      "--lr 0.05 --config-timeout 180");
+  ASSERT_EQ(status, 0) << out;
+  std::map<std::string, nlohmann::json> rows;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_FALSE(row.is_discarded()) << "not a JSON row: " << line;
+    EXPECT_EQ(row.at("model"), "sparse") << line;
+    rows[row.at("design").get<std::string>() + "/" + row.at("mode").get<std::string>()] = row;
+  }
+  ASSERT_EQ(rows.size(), 3u) << out;
+  const nlohmann::json& ar = rows["allreduce/sync"];
+  const nlohmann::json& sync = rows["ps/sync"];
+  EXPECT_LT(sync.at("bytes_per_step").get<int64_t>(), ar.at("bytes_per_step").get<int64_t>() / 10)
+      << out;
+  EXPECT_NEAR(sync.at("test_metric").get<double>(), ar.at("test_metric").get<double>(), 1e-3)
+      << out;
+  // Learning: below the initial parameters' held-out loss.
+  EXPECT_LT(sync.at("test_metric").get<double>(), sync.at("initial_test_loss").get<double>())
+      << out;
+  EXPECT_GT(rows["ps/async"].at("samples_per_sec").get<double>(), 0) << out;
+}
+
 }  // namespace
