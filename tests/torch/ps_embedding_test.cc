@@ -361,7 +361,9 @@ TEST(PsEmbedding, AnEmptyBatchPullsAndPushesNothing) {
                           step(w, e, head, torch::tensor({{4, 6}}), torch::ones({1}));
                         }
                       }
-                      if (rank == 0) EXPECT_EQ(e.stats().rows_pulled, 0);
+                      if (rank == 0) {
+                        EXPECT_EQ(e.stats().rows_pulled, 0);
+                      }
                     });
   EXPECT_EQ(job.servers[0]->stats().rounds, kSteps);
   EXPECT_EQ(job.tables[0]->stats().rows_read, kSteps * 2);
