@@ -6,6 +6,7 @@
 
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <thread>
 
 #include "kolo/core/errors.h"
@@ -169,6 +170,8 @@ struct Server::Impl {
 
   void serve(int worker);
   void handle_hello(int worker, const Header& h);
+  void serve_pull(int worker, const Header& h, int64_t count,
+                  const std::function<torch::Tensor()>& read);
   void handle_pull(int worker, const Header& h);
   void handle_push(int worker, const Header& h, torch::Tensor& buffer);
   EmbeddingTable& table_of(int worker, const Header& h);
@@ -199,8 +202,12 @@ void Server::Impl::handle_hello(int worker, const Header& h) {
   }
 }
 
-void Server::Impl::handle_pull(int worker, const Header& h) {
-  torch::Tensor snapshot;
+// Waits until a pull for step h.clock may be served, records it, takes the
+// data `read` returns (`count` elements or rows, under the lock) and sends
+// the reply and the data.
+void Server::Impl::serve_pull(int worker, const Header& h, int64_t count,
+                              const std::function<torch::Tensor()>& read) {
+  torch::Tensor data;
   Header reply;
   reply.kind = Kind::kReply;
   {
@@ -209,12 +216,17 @@ void Server::Impl::handle_pull(int worker, const Header& h) {
     if (failure) std::rethrow_exception(failure);
     reply.value = clocks.served_pull(worker, h.clock);
     reply.clock = h.clock;
-    reply.count = numel;
-    snapshot = slices.empty() ? torch::empty({0}, dtype) : torch::cat(slices);
+    reply.count = count;
+    data = read();
   }
   Communicator& link = *links.peers[worker];
   send_header(link, kWorkerPeer, reply, options.timeout);
-  send_tensor(link, kWorkerPeer, kParamsTag, snapshot, options.timeout);
+  send_tensor(link, kWorkerPeer, kParamsTag, data, options.timeout);
+}
+
+void Server::Impl::handle_pull(int worker, const Header& h) {
+  serve_pull(worker, h, numel,
+             [&] { return slices.empty() ? torch::empty({0}, dtype) : torch::cat(slices); });
 }
 
 void Server::Impl::handle_push(int worker, const Header& h, torch::Tensor& buffer) {
@@ -289,21 +301,7 @@ void Server::Impl::handle_sparse_pull(int worker, const Header& h) {
     return;
   }
   const torch::Tensor rows = recv_rows(worker, h, table);
-  torch::Tensor values;
-  Header reply;
-  reply.kind = Kind::kReply;
-  {
-    std::unique_lock<std::mutex> lock(mutex);
-    changed.wait(lock, [&] { return failure || clocks.may_serve_pull(h.clock); });
-    if (failure) std::rethrow_exception(failure);
-    reply.value = clocks.served_pull(worker, h.clock);
-    reply.clock = h.clock;
-    reply.count = h.count;
-    values = table.gather(rows);
-  }
-  Communicator& link = *links.peers[worker];
-  send_header(link, kWorkerPeer, reply, options.timeout);
-  send_tensor(link, kWorkerPeer, kParamsTag, values, options.timeout);
+  serve_pull(worker, h, h.count, [&] { return table.gather(rows); });
 }
 
 void Server::Impl::handle_sparse_push(int worker, const Header& h) {
