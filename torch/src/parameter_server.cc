@@ -174,7 +174,8 @@ struct Server::Impl {
                   const std::function<torch::Tensor()>& read);
   void handle_pull(int worker, const Header& h);
   void handle_push(int worker, const Header& h, torch::Tensor& buffer);
-  EmbeddingTable& table_of(int worker, const Header& h);
+  // The table a sparse request names, or null and why not.
+  EmbeddingTable* table_of(int worker, const Header& h, std::string* why);
   torch::Tensor recv_rows(int worker, const Header& h, const EmbeddingTable& table);
   void handle_sparse_pull(int worker, const Header& h);
   void handle_sparse_push(int worker, const Header& h);
@@ -250,30 +251,22 @@ void Server::Impl::handle_push(int worker, const Header& h, torch::Tensor& buffe
   changed.notify_all();
 }
 
-EmbeddingTable& Server::Impl::table_of(int worker, const Header& h) {
+EmbeddingTable* Server::Impl::table_of(int worker, const Header& h, std::string* why) {
   const bool known = h.value >= 0 && h.value < static_cast<int64_t>(tables.size());
   if (known && tables[h.value]->options().fingerprint() == h.fingerprint &&
       h.count <= tables[h.value]->rows()) {
-    return *tables[h.value];
+    return tables[h.value].get();
   }
-  std::string why =
-      name() + " refused worker " + std::to_string(worker) + "'s rows of table " +
-      std::to_string(h.value) +
-      (!known ? ": the server holds " + std::to_string(tables.size()) +
-                    " table(s); add the same tables, in the same order, on every server"
-       : tables[h.value]->options().fingerprint() != h.fingerprint
-           ? ": the table's name, rows or dim differ from the server's '" +
-                 tables[h.value]->options().name + "'"
-           : ": " + std::to_string(h.count) + " rows, more than the " +
-                 std::to_string(tables[h.value]->rows()) + " this server holds");
-  if (h.kind == Kind::kSparsePull && h.count == 0) {
-    // A greeting (Worker::check_table): the worker waits for the verdict.
-    Header reply;
-    reply.kind = Kind::kReply;
-    reply.status = kRefusedModel;
-    send_header(*links.peers[worker], kWorkerPeer, reply, options.timeout);
-  }
-  throw ContractError(why);
+  *why = name() + " refused worker " + std::to_string(worker) + "'s rows of table " +
+         std::to_string(h.value) +
+         (!known ? ": the server holds " + std::to_string(tables.size()) +
+                       " table(s); add the same tables, in the same order, on every server"
+          : tables[h.value]->options().fingerprint() != h.fingerprint
+              ? ": the table's name, rows or dim differ from the server's '" +
+                    tables[h.value]->options().name + "'"
+              : ": " + std::to_string(h.count) + " rows, more than the " +
+                    std::to_string(tables[h.value]->rows()) + " this server holds");
+  return nullptr;
 }
 
 // The row ids of a sparse request, checked against the table's range.
@@ -293,19 +286,27 @@ torch::Tensor Server::Impl::recv_rows(int worker, const Header& h, const Embeddi
 }
 
 void Server::Impl::handle_sparse_pull(int worker, const Header& h) {
-  EmbeddingTable& table = table_of(worker, h);
-  if (h.count == 0) {  // a greeting: the table is here
+  std::string why;
+  EmbeddingTable* table = table_of(worker, h, &why);
+  if (h.count == 0) {
+    // A greeting (Worker::check_table): the verdict, nothing follows, and
+    // the link stays in step (the refused worker throws, then leaves).
     Header reply;
     reply.kind = Kind::kReply;
+    reply.status = table ? 0 : kRefusedModel;
     send_header(*links.peers[worker], kWorkerPeer, reply, options.timeout);
     return;
   }
-  const torch::Tensor rows = recv_rows(worker, h, table);
-  serve_pull(worker, h, h.count, [&] { return table.gather(rows); });
+  if (!table) throw ContractError(why);  // the worker's greeting was accepted: a broken peer
+  const torch::Tensor rows = recv_rows(worker, h, *table);
+  serve_pull(worker, h, h.count, [&] { return table->gather(rows); });
 }
 
 void Server::Impl::handle_sparse_push(int worker, const Header& h) {
-  EmbeddingTable& table = table_of(worker, h);
+  std::string why;
+  EmbeddingTable* found = table_of(worker, h, &why);
+  if (!found) throw ContractError(why);
+  EmbeddingTable& table = *found;
   const torch::Tensor rows = recv_rows(worker, h, table);
   torch::Tensor grads = torch::empty({h.count, table.options().dim}, torch::kFloat);
   recv_tensor(*links.peers[worker], kWorkerPeer, kPushTag, grads, options.timeout);
