@@ -411,5 +411,25 @@ TEST(PsEmbedding, PushAfterTheDensePushIsRefused) {
   }
 }
 
+TEST(PsEmbedding, ServerCheckpointsWithATableAreRefused) {
+  // Server checkpoints hold the dense shard only: a resumed table would
+  // silently restart from its initial rows.
+  std::vector<Links> links = make_thread_links(1, 1, kTimeout);
+  torch::nn::Linear head = make_head();
+  PsOptions options = options_of(Mode::kSync);
+  options.checkpoint_dir = "/tmp/kolo-ps-embedding-test-never-written";
+  options.checkpoint_every = 1;
+  const Roles roles = links[1].roles;
+  Server server(head->named_parameters(), sgd(), std::move(links[1]), options);
+  const EmbeddingOptions table = table_of(10, SparseOptimizerOptions::Kind::kAdagrad);
+  try {
+    server.add_table(std::make_shared<EmbeddingTable>(table, roles));
+    FAIL() << "add_table accepted a table with checkpoints";
+  } catch (const ContractError& e) {
+    EXPECT_NE(std::string(e.what()).find("do not hold sparse tables"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace kolo::ps

@@ -424,6 +424,14 @@ Server::~Server() = default;
 
 void Server::add_table(std::shared_ptr<EmbeddingTable> table) {
   if (!table) throw ContractError(impl_->name() + ": add_table(nullptr)");
+  if (impl_->options.checkpoint_every > 0 || !impl_->options.resume_from.empty()) {
+    // A resumed job would restart the table from its initial rows while the
+    // dense shard continues: refuse rather than train a silently mixed model.
+    throw ContractError(impl_->name() + ": sparse table '" + table->options().name +
+                        "' with server checkpoints (PsOptions::checkpoint_every or resume_from): "
+                        "server checkpoints do not hold sparse tables yet; train the table "
+                        "without them");
+  }
   impl_->tables.push_back(std::move(table));
 }
 

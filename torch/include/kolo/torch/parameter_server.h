@@ -106,7 +106,8 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   // Adds a sparse embedding table (kolo/torch/ps_embedding.h) before run():
-  // workers name it by its index, in the order of the calls.
+  // workers name it by its index, in the order of the calls. Not with
+  // server checkpoints (ContractError: they do not hold tables yet).
   void add_table(std::shared_ptr<EmbeddingTable> table);
 
   // Serves every worker (one thread per link) until each has finished or
