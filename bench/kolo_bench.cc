@@ -133,9 +133,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cnn", "mlp"}));
   scaling_sub->add_option("--systems", scaling.systems, "systems to measure")
       ->delimiter(',')
-      ->check(CLI::IsMember({"kolo", "kolo_python", "kolo_balanced", "kolo_powersgd",
-                             "kolo_mirrored", "kolo_fp16", "independent", "libtorch_1thread",
-                             "libtorch_2threads", "c10d_gloo", "pytorch_ddp"}));
+      ->check(CLI::IsMember({"kolo", "kolo_bucketview", "kolo_python", "kolo_balanced",
+                             "kolo_powersgd", "kolo_mirrored", "kolo_fp16", "independent",
+                             "libtorch_1thread", "libtorch_2threads", "c10d_gloo", "pytorch_ddp"}));
   scaling_sub->add_option("--workers", scaling.workers, "worker counts")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
@@ -200,6 +200,7 @@ int main(int argc, char** argv) {
   scaling_sub->add_option("--sync-dir", scaling_worker.sync_dir)->group("");
   scaling_sub->add_option("--replicas", scaling_worker.replicas)->group("");
   scaling_sub->add_option("--compression", scaling_worker.compression)->group("");
+  scaling_sub->add_flag("--bucket-view", scaling_worker.bucket_view)->group("");
 #endif
 
 #ifdef KOLO_BENCH_HAVE_SCALING

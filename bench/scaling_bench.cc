@@ -262,7 +262,8 @@ class Driver {
         }
         for (int w : options_.workers) {
           // Nothing to balance, nothing to compress.
-          if ((system == "kolo_balanced" || system == "kolo_powersgd" || system == "kolo_fp16") &&
+          if ((system == "kolo_balanced" || system == "kolo_powersgd" || system == "kolo_fp16" ||
+               system == "kolo_bucketview") &&
               w == 1)
             continue;
           list.push_back({model, system, w, options_.threads});
@@ -327,7 +328,8 @@ class Driver {
         c.argv.insert(c.argv.end(), {"--bucket-bytes", std::to_string(options_.bucket_bytes)});
       commands.push_back(c);
     } else if (config.system == "kolo" || config.system == "kolo_balanced" ||
-               config.system == "kolo_powersgd" || config.system == "kolo_fp16") {
+               config.system == "kolo_powersgd" || config.system == "kolo_fp16" ||
+               config.system == "kolo_bucketview") {
       Command c{{kolorun_, "-np", std::to_string(config.workers), "--job-timeout",
                  std::to_string(options_.config_timeout_s)},
                 thread_env};
@@ -339,6 +341,7 @@ class Driver {
       if (config.system == "kolo_powersgd")
         c.argv.insert(c.argv.end(), {"--powersgd-rank", std::to_string(options_.powersgd_rank)});
       if (config.system == "kolo_fp16") c.argv.insert(c.argv.end(), {"--compression", "fp16"});
+      if (config.system == "kolo_bucketview") c.argv.push_back("--bucket-view");
       if (options_.bucket_bytes >= 0)
         c.argv.insert(c.argv.end(), {"--bucket-bytes", std::to_string(options_.bucket_bytes)});
       commands.push_back(c);
@@ -562,6 +565,9 @@ int run_scaling_bench(const ScalingOptions& options) {
     if (c.system == "kolo") note += std::string(note.empty() ? "" : ", ") + "DistributedOptimizer";
     if (c.system == "kolo_fp16")
       note += std::string(note.empty() ? "" : ", ") + "DistributedOptimizer, fp16 compression";
+    if (c.system == "kolo_bucketview")
+      note +=
+          std::string(note.empty() ? "" : ", ") + "DistributedOptimizer, gradient_as_bucket_view";
     if (c.system == "kolo_python")
       note += std::string(note.empty() ? "" : ", ") + "hvd.DistributedOptimizer (Python)";
     if (c.system == "kolo_mirrored")
@@ -638,6 +644,8 @@ int run_scaling_bench(const ScalingOptions& options) {
     ratio("kolo x2 / independent x2", "kolo", 2, "independent", 2);
     ratio("kolo_balanced x2 / independent x2", "kolo_balanced", 2, "independent", 2);
     ratio("kolo_balanced x2 / kolo x2", "kolo_balanced", 2, "kolo", 2);
+    ratio("kolo_bucketview x2 / independent x2", "kolo_bucketview", 2, "independent", 2);
+    ratio("kolo_bucketview x2 / kolo x2", "kolo_bucketview", 2, "kolo", 2);
     ratio("kolo_powersgd x2 / kolo x2", "kolo_powersgd", 2, "kolo", 2);
     ratio("kolo_mirrored x2 / kolo x2", "kolo_mirrored", 2, "kolo", 2);
     ratio("kolo_mirrored x4 / kolo x4", "kolo_mirrored", 4, "kolo", 4);
@@ -670,12 +678,16 @@ int run_scaling_bench(const ScalingOptions& options) {
     const auto ind2 = ips.find(config_key(model, "independent", 2));
     if (sync != slowest.end() && kolo2 != ips.end() && ind2 != ips.end()) {
       const double fastest = ind2->second - sync->second;
+      const auto views2 = ips.find(config_key(model, "kolo_bucketview", 2));
       report.notes.push_back(
           model + ": independent x2 workers ran at " + format_fixed(sync->second, 1) + " and " +
           format_fixed(fastest, 1) + " images/sec (the faster " +
           format_fixed(100 * (fastest / sync->second - 1), 1) +
           "% faster); kolo x2 / (2 x the slower) = " +
-          format_fixed(kolo2->second / (2 * sync->second), 2) + "x (the synchronous ceiling)");
+          format_fixed(kolo2->second / (2 * sync->second), 2) + "x (the synchronous ceiling)" +
+          (views2 == ips.end() ? std::string()
+                               : "; kolo_bucketview x2 / (2 x the slower) = " +
+                                     format_fixed(views2->second / (2 * sync->second), 2) + "x"));
     }
   }
   if (std::any_of(options.workers.begin(), options.workers.end(),

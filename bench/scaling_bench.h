@@ -24,6 +24,9 @@
 //                      (kolo::MirroredStrategy, threads of the process, one copy of
 //                      the data set), --threads intra-op threads each, gradients
 //                      averaged between the threads; against kolo's N processes
+//   kolo_bucketview    kolo with gradients as bucket views
+//                      (DistributedOptimizerOptions::gradient_as_bucket_view): each
+//                      bucket one in-place allreduce of the gradients' own memory
 //   kolo_powersgd      kolo with the PowerSGD communication hook (rank
 //                      --powersgd-rank, from the first step after warm-up step 0);
 //                      the note gives the bytes each worker allreduces per step
@@ -63,9 +66,10 @@ namespace kolo::bench {
 
 struct ScalingOptions {
   std::vector<std::string> models = {"cnn", "mlp"};
-  std::vector<std::string> systems = {
-      "kolo",        "kolo_python",      "kolo_balanced",     "kolo_powersgd", "kolo_mirrored",
-      "independent", "libtorch_1thread", "libtorch_2threads", "c10d_gloo",     "pytorch_ddp"};
+  std::vector<std::string> systems = {"kolo",          "kolo_bucketview",  "kolo_python",
+                                      "kolo_balanced", "kolo_powersgd",    "kolo_mirrored",
+                                      "independent",   "libtorch_1thread", "libtorch_2threads",
+                                      "c10d_gloo",     "pytorch_ddp"};
   std::vector<int> workers = {1, 2, 4};
   int steps = 50;        // timed steps per worker
   int warmup_steps = 5;  // untimed steps first
@@ -110,6 +114,7 @@ struct ScalingWorkerOptions {
   int powersgd_rank = 0;      // kolo: > 0 = the PowerSGD hook at this rank
   int replicas = 0;           // kolo: > 0 = this many in-process replicas (kolo_mirrored)
   std::string compression = "none";  // kolo: DistributedOptimizerOptions::compression
+  bool bucket_view = false;          // kolo: DistributedOptimizerOptions::gradient_as_bucket_view
   // local with WORLD_SIZE > 1 (independent): a directory the workers share
   // (a kolo file store) to start timing together and to keep training until
   // all are done; waiting for the others to start ends after sync_timeout_s

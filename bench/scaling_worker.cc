@@ -205,6 +205,7 @@ int run_scaling_worker(const ScalingWorkerOptions& options) {
     kolo::DistributedOptimizerOptions distributed;
     if (options.bucket_bytes >= 0) distributed.bucket_bytes = options.bucket_bytes;
     distributed.compression = kolo::parse_compression(options.compression);
+    distributed.gradient_as_bucket_view = options.bucket_view;
     if (options.powersgd_rank > 0) {
       kolo::PowerSGDOptions psgd;
       psgd.rank = options.powersgd_rank;

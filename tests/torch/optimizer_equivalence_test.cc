@@ -2,7 +2,8 @@
 // as one process with batch n * B (the gradient of the mean loss over n * B
 // rows is the average of the ranks' gradients), for SGD with momentum and
 // Adam, with fp16 / bf16 compression, op = sum, a predivide factor, local
-// accumulation over k backward passes, and at world size 1.
+// accumulation over k backward passes, and at world size 1; and the same
+// with gradients as bucket views (bitwise equal to the default exchange).
 //
 // Tolerances (float32, element-wise |a - e| <= atol + rtol * |e|):
 //   exact reduction:   rtol 1e-5, atol 1e-6 (summation order differs)
@@ -193,6 +194,81 @@ TEST_F(OptimizerEquivalence, BackwardPassesPerStepAtWorldSizeOne) {
   run.world = 1;
   run.options.backward_passes_per_step = 2;
   expect_equivalent(run, kRtol, kAtol);
+}
+
+// Gradients as bucket views (gradient_as_bucket_view): the same
+// equivalences, each bucket one in-place allreduce of its buffer.
+TEST_F(OptimizerEquivalence, BucketViewsSgdTwoRanks) {
+  TrainingRun run;
+  run.options.gradient_as_bucket_view = true;
+  expect_equivalent(run, kRtol, kAtol);
+}
+
+TEST_F(OptimizerEquivalence, BucketViewsAdamThreeRanksGradientByGradient) {
+  TrainingRun run;
+  run.world = 3;
+  run.kind = OptimizerKind::kAdam;
+  run.lr = 1e-2;
+  run.options.gradient_as_bucket_view = true;
+  run.options.bucket_bytes = 0;  // a bucket (and a buffer) per gradient
+  expect_equivalent(run, kRtol, kAtol);
+}
+
+TEST_F(OptimizerEquivalence, BucketViewsAdamTwoRanks) {
+  TrainingRun run;
+  run.kind = OptimizerKind::kAdam;
+  run.lr = 1e-2;
+  run.options.gradient_as_bucket_view = true;
+  expect_equivalent(run, kRtol, kAtol);
+}
+
+TEST_F(OptimizerEquivalence, BucketViewsBackwardPassesPerStepAccumulateInTheBuffer) {
+  TrainingRun run;
+  run.options.backward_passes_per_step = 3;
+  run.options.gradient_as_bucket_view = true;
+  expect_equivalent(run, kRtol, kAtol);
+}
+
+TEST_F(OptimizerEquivalence, BucketViewsSumAndPredivide) {
+  TrainingRun run;
+  run.options.op = ReduceOp::kSum;
+  run.options.gradient_as_bucket_view = true;
+  expect_equivalent(run, kRtol, kAtol);
+  run.options.op = ReduceOp::kAverage;
+  run.options.gradient_predivide_factor = 4.0;
+  expect_equivalent(run, kRtol, kAtol);
+}
+
+TEST_F(OptimizerEquivalence, BucketViewsFp16CompressionHookGetsTheBuffer) {
+  TrainingRun run;
+  run.options.compression = Compression::kFp16;
+  run.options.gradient_as_bucket_view = true;
+  expect_equivalent(run, 2e-3, 2e-4, /*lossy=*/true);
+}
+
+// With and without bucket views the ranks compute the same sums of the same
+// numbers: the trained parameters are bitwise equal.
+TEST_F(OptimizerEquivalence, BucketViewsBitwiseEqualToRequestsPerGradient) {
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdam}) {
+    torch::manual_seed(7);
+    Mlp initial;
+    TrainingRun run;
+    run.kind = kind;
+    run.lr = kind == OptimizerKind::kAdam ? 1e-2 : 0.05;
+    const auto batches = ot::make_batches(kSteps, run.world * kBatch);
+    auto plain = train_distributed(initial, batches, run);
+    run.options.gradient_as_bucket_view = true;
+    auto viewed = train_distributed(initial, batches, run);
+    for (int r = 0; r < run.world; ++r) {
+      auto a = viewed[r]->named_parameters();
+      auto e = plain[r]->named_parameters();
+      for (size_t i = 0; i < a.size(); ++i) {
+        EXPECT_TRUE(torch::equal(a[i].value(), e[i].value()))
+            << "rank " << r << " " << a[i].key()
+            << (kind == OptimizerKind::kAdam ? " (Adam)" : " (SGD)");
+      }
+    }
+  }
 }
 
 // Uneven per-rank batches (what kolo::BatchBalancer hands out): rank r takes

@@ -116,6 +116,36 @@ torch::Tensor GradientPipeline::slot(const torch::Tensor& flat, int i) const {
   return flat.narrow(0, p.offset, p.numel).view(p.param.sizes());
 }
 
+torch::Tensor GradientPipeline::grad_slot(const torch::Tensor& flat, int i) const {
+  const torch::Tensor view = slot(flat, i);
+  torch::NoGradGuard no_grad;
+  torch::Tensor alias = torch::empty({0}, flat.options());
+  alias.set_(flat.storage(), view.storage_offset(), view.sizes(), view.strides());
+  return alias;
+}
+
+void GradientPipeline::count_copy(int64_t bytes) {
+  ++stats_.copies;
+  stats_.copied_bytes += static_cast<uint64_t>(bytes);
+}
+
+void GradientPipeline::point_grads(int b, const torch::Tensor& flat) {
+  torch::NoGradGuard no_grad;
+  for (int index : buckets[b].params) {
+    GradParam& p = params[index];
+    const torch::Tensor target = grad_slot(flat, index);
+    const torch::Tensor& grad = p.param.grad();
+    if (occupies(grad, target)) continue;
+    if (grad.defined()) {
+      target.copy_(grad);
+      count_copy(target.nbytes());
+    } else {
+      target.zero_();
+    }
+    p.param.mutable_grad() = target;
+  }
+}
+
 bool GradientPipeline::occupies(const torch::Tensor& t, const torch::Tensor& slot) {
   return t.defined() && t.data_ptr() == slot.data_ptr() && t.sizes() == slot.sizes() &&
          t.is_contiguous();
@@ -130,13 +160,14 @@ void GradientPipeline::pack(int b, const torch::Tensor& flat, AfterPack after) {
     if (!occupies(grad, target)) {
       if (grad.defined()) {
         target.copy_(grad);
+        count_copy(target.nbytes());
       } else {
         target.zero_();
         ++stats_.zero_filled;
       }
     }
     if (after == AfterPack::kView) {
-      if (!occupies(p.param.grad(), target)) p.param.mutable_grad() = target;
+      if (!occupies(p.param.grad(), target)) p.param.mutable_grad() = grad_slot(flat, index);
     } else if (after == AfterPack::kRelease) {
       p.param.mutable_grad() = torch::Tensor();
     }
@@ -148,7 +179,9 @@ void GradientPipeline::unpack(int b, const torch::Tensor& flat) {
   for (int index : buckets[b].params) {
     GradParam& p = params[index];
     torch::Tensor source = slot(flat, index);
-    if (!occupies(p.param.grad(), source)) p.param.mutable_grad().copy_(source);
+    if (occupies(p.param.grad(), source)) continue;
+    p.param.mutable_grad().copy_(source);
+    count_copy(p.param.grad().nbytes());
   }
 }
 

@@ -79,7 +79,7 @@ struct GradBucket {
 // What happens to a gradient after pack() copied it into its slot.
 enum class AfterPack {
   kKeep,     // .grad() stays as it was
-  kView,     // .grad() becomes the slot (the bucket's memory)
+  kView,     // .grad() becomes the slot (the bucket's memory; grad_slot below)
   kRelease,  // .grad() becomes undefined (the bucket holds the only copy)
 };
 
@@ -88,6 +88,10 @@ struct PipelineStats {
   uint64_t hook_launched = 0;    // gradients launched from a hook, inside backward
   uint64_t finish_launched = 0;  // gradients launched by finish()
   uint64_t zero_filled = 0;      // gradients that were undefined, sent as zeros
+  // Copies between a .grad() and a bucket's flat buffer made by pack() and
+  // unpack() (a gradient already in its slot costs none), and bytes copied.
+  uint64_t copies = 0;
+  uint64_t copied_bytes = 0;
 };
 
 class GradientPipeline {
@@ -158,19 +162,36 @@ class GradientPipeline {
   // --- Flat buffers of a bucket ----------------------------------------------
   // Parameter i's place in a flat (numel) buffer of its bucket, shaped like it.
   torch::Tensor slot(const torch::Tensor& flat, int i) const;
+  // Parameter i's slot as a gradient: the same memory as slot(flat, i), but
+  // not an autograd view of `flat` (a tensor set_() on its storage), because
+  // libtorch 1.13's Optimizer::zero_grad() calls detach_() on every .grad(),
+  // which a view refuses ("Can't detach views in-place"); detach_() and
+  // zero_() on this one keep it in the slot.
+  torch::Tensor grad_slot(const torch::Tensor& flat, int i) const;
   // Whether `t` is exactly the memory of `slot` (a gradient or parameter
   // still in its flat buffer).
   static bool occupies(const torch::Tensor& t, const torch::Tensor& slot);
   // Copies each gradient of bucket b into its slot of `flat` (converting the
   // dtype; zeros for an undefined gradient, counted as zero-filled), except a
   // gradient that already is its slot; then treats .grad() as `after` says.
+  // Counts the copies (stats()).
   void pack(int b, const torch::Tensor& flat, AfterPack after);
   // Copies each slot of `flat` into its parameter's .grad() (converting),
-  // except where .grad() is that slot. Gradients must be defined.
+  // except where .grad() is that slot. Gradients must be defined. Counts the
+  // copies.
   void unpack(int b, const torch::Tensor& flat);
   // .grad() of parameter i, or zeros shaped like the parameter if it is
   // undefined (counted as zero-filled; stored in .grad() when `store`).
   torch::Tensor gradient_or_zeros(int i, bool store);
+  // Caller holds the mutex (or no hook can run yet). Makes the .grad() of
+  // every parameter of bucket b its grad_slot of `flat` (the bucket's (numel)
+  // buffer), copying a defined gradient that lies elsewhere into it (counted)
+  // and zeroing the slot of an undefined one: gradients as bucket views
+  // (docs/torch.md). Only between steps.
+  void point_grads(int b, const torch::Tensor& flat);
+  // Caller holds the mutex. Counts a copy of `bytes` made outside pack() and
+  // unpack() (a policy's staging buffer).
+  void count_copy(int64_t bytes);
 
   // --- The step --------------------------------------------------------------
   // Launches the buckets backward did not complete, last bucket first (the

@@ -72,7 +72,9 @@ std::shared_ptr<CommHook> hook_of(const DistributedOptimizerOptions& o) {
 // "<prefix><name>" (the engine fuses a bucket's requests into one collective;
 // on shm it reads and writes them in place, so nothing is packed on the
 // way). With a hook, the bucket is packed into a flat buffer for it and its
-// future's result unpacked into the gradients.
+// future's result unpacked into the gradients. With bucket views the
+// gradients live in that flat buffer: it is allreduced in place as one
+// request, or handed to the hook as it is.
 struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
   explicit Impl(const DistributedOptimizerOptions& o)
       : options(o), hook(hook_of(o)), pipeline(pipeline_options(o, hook != nullptr), *this) {}
@@ -112,13 +114,14 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
     torch::Tensor from;
   };
   std::vector<Staging> staging;
-  // Per bucket, with a hook: its flat buffer (kept across steps) and the
-  // future of this step's result.
-  struct HookWork {
+  // Per bucket: its flat buffer (with a hook or with bucket views; kept
+  // across steps, with bucket views the memory of its gradients) and the
+  // future of this step's hook result.
+  struct BucketWork {
     torch::Tensor flat;
     CommFuture future;
   };
-  std::vector<HookWork> hook_work;
+  std::vector<BucketWork> bucket_work;
   TensorOpOptions hook_reduce;  // request, with the 1/k already applied to the buffer
   int64_t steps = 0;            // synchronizations completed
 
@@ -165,9 +168,38 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
     return order;
   }
 
+  bool views() const { return options.gradient_as_bucket_view; }
+
+  // The request-name stem of bucket b (the same on every rank: the layout is).
+  std::string bucket_name(int b) const {
+    return options.name_prefix + "bucket" + std::to_string(b);
+  }
+
+  // Bucket views: a new flat buffer per bucket of the current layout, and
+  // every .grad() moved into its slot. At construction and after the layout
+  // rebuild, between steps.
+  void point_views() {
+    std::lock_guard<std::mutex> lock(pipeline.mutex);
+    for (size_t b = 0; b < pipeline.buckets.size(); ++b) {
+      const detail::GradBucket& bucket = pipeline.buckets[b];
+      torch::Tensor& flat = bucket_work[b].flat;
+      flat = torch::empty({bucket.numel}, torch::TensorOptions().dtype(bucket.dtype));
+      pipeline.point_grads(static_cast<int>(b), flat);
+    }
+  }
+
   void launch(int b, bool /*in_backward*/) override {
     if (hook) {
       launch_hook(b);
+      return;
+    }
+    if (views()) {
+      // The gradients are the buffer (a gradient moved out of its slot is
+      // copied back first): reduced in place, nothing to unpack.
+      BucketWork& work = bucket_work[b];
+      pipeline.pack(b, work.flat, detail::AfterPack::kView);
+      TensorHandle handle = allreduce_async_(work.flat, bucket_name(b), request);
+      pipeline.buckets[b].work.push_back(handle.handle());
       return;
     }
     for (int i : pipeline.buckets[b].params) {
@@ -180,6 +212,7 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
           s.buffer = torch::empty(grad.sizes(), torch::TensorOptions().dtype(grad.scalar_type()));
         }
         s.buffer.copy_(grad);
+        pipeline.count_copy(s.buffer.nbytes());
         s.from = grad;
         target = s.buffer;
       }
@@ -191,28 +224,29 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
 
   void launch_hook(int b) {
     const detail::GradBucket& bucket = pipeline.buckets[b];
-    HookWork& work = hook_work[b];
+    BucketWork& work = bucket_work[b];
     if (!work.flat.defined() || work.flat.numel() != bucket.numel ||
         work.flat.scalar_type() != bucket.dtype) {
       work.flat = torch::empty({bucket.numel}, torch::TensorOptions().dtype(bucket.dtype));
     }
     CommBucket view;
     for (int i : bucket.params) {
-      // Defined gradients, so that unpack() has somewhere to write.
-      pipeline.gradient_or_zeros(i, /*store=*/true);
+      // Defined gradients, so that unpack() has somewhere to write (with
+      // bucket views pack() makes them the slots).
+      if (!views()) pipeline.gradient_or_zeros(i, /*store=*/true);
       const detail::GradParam& p = pipeline.params[i];
       view.parameters.push_back(p.name);
       view.shapes.push_back(p.param.sizes().vec());
       view.offsets.push_back(p.offset);
     }
-    pipeline.pack(b, work.flat, detail::AfterPack::kKeep);
+    pipeline.pack(b, work.flat, views() ? detail::AfterPack::kView : detail::AfterPack::kKeep);
     const int k = options.backward_passes_per_step;
     if (k > 1) work.flat.div_(k);
     view.index = b;
     view.step = steps;
     view.last = std::all_of(pipeline.buckets.begin(), pipeline.buckets.end(),
                             [](const detail::GradBucket& x) { return x.launched; });
-    view.name = options.name_prefix + "bucket" + std::to_string(b);
+    view.name = bucket_name(b);
     view.buffer = work.flat;
     view.reduce = hook_reduce;
     view.rank = position.rank;
@@ -226,26 +260,28 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
 
   void finished(int b, bool ok) override {
     if (hook) {
-      HookWork& work = hook_work[b];
+      BucketWork& work = bucket_work[b];
       CommFuture future = std::move(work.future);
       work.future = CommFuture();
       if (!ok || !future.valid()) return;
       const torch::Tensor result = future.wait(options.timeout);
       if (!result.defined() || result.dim() != 1 || result.numel() != work.flat.numel()) {
-        throw ContractError(std::string(kOp) + ": the communication hook '" + hook->describe() +
-                            "' returned " +
-                            (result.defined() ? "a tensor of shape " + c10::str(result.sizes())
-                                              : std::string("an undefined tensor")) +
-                            " for bucket " + options.name_prefix + "bucket" + std::to_string(b) +
-                            "; it must return a 1-D tensor of the bucket's " +
-                            std::to_string(work.flat.numel()) + " elements");
+        throw ContractError(
+            std::string(kOp) + ": the communication hook '" + hook->describe() + "' returned " +
+            (result.defined() ? "a tensor of shape " + c10::str(result.sizes())
+                              : std::string("an undefined tensor")) +
+            " for bucket " + bucket_name(b) + "; it must return a 1-D tensor of the bucket's " +
+            std::to_string(work.flat.numel()) + " elements");
       }
       pipeline.unpack(b, result);
       return;
     }
     for (int i : pipeline.buckets[b].params) {
       Staging& s = staging[i];
-      if (ok && s.from.defined()) s.from.copy_(s.buffer);
+      if (ok && s.from.defined()) {
+        s.from.copy_(s.buffer);
+        pipeline.count_copy(s.buffer.nbytes());
+      }
       s.from = torch::Tensor();
     }
   }
@@ -281,7 +317,8 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
         return px < py;
       });
       pipeline.set_layout(layout_along(order));
-      hook_work.assign(pipeline.buckets.size(), HookWork());
+      bucket_work.assign(pipeline.buckets.size(), BucketWork());
+      if (views()) point_views();
     }
   }
 };
@@ -321,7 +358,8 @@ std::string options_manifest(const DistributedOptimizerOptions& o) {
   out << "options op=" << reduce_op_name(o.op) << " compression=" << compression_name(o.compression)
       << " backward_passes_per_step=" << o.backward_passes_per_step
       << " gradient_predivide_factor=" << o.gradient_predivide_factor
-      << " comm_hook=" << (o.comm_hook ? o.comm_hook->describe() : "none") << "\n";
+      << " comm_hook=" << (o.comm_hook ? o.comm_hook->describe() : "none")
+      << " gradient_as_bucket_view=" << o.gradient_as_bucket_view << "\n";
   return out.str();
 }
 
@@ -487,7 +525,8 @@ void DistributedOptimizer::build(const std::vector<std::pair<std::string, torch:
   }
   impl.staging.resize(impl.pipeline.params.size());
   impl.pipeline.set_layout(impl.layout_along(impl.reverse_order()));
-  impl.hook_work.resize(impl.pipeline.buckets.size());
+  impl.bucket_work.resize(impl.pipeline.buckets.size());
+  if (impl.views()) impl.point_views();
   impl.pipeline.install_hooks(std::shared_ptr<detail::GradientPipeline>(impl_, &impl.pipeline));
 }
 
@@ -565,6 +604,8 @@ DistributedOptimizer::Stats DistributedOptimizer::stats() const {
   out.hook_submissions = s.hook_launched;
   out.step_submissions = s.finish_launched;
   out.zero_filled = s.zero_filled;
+  out.copies = s.copies;
+  out.copied_bytes = s.copied_bytes;
   return out;
 }
 

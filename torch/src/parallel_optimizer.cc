@@ -28,6 +28,12 @@ std::string unsupported_at_zero(const ParallelOptimizerOptions& o) {
            " reduce-scatters its flat shard buffers (each rank receives only its slice), which a "
            "communication hook cannot take part in; use zero_stage 0 for hooks";
   }
+  if (o.gradient_as_bucket_view && o.zero_stage >= 2) {
+    return "options.gradient_as_bucket_view is set; " + stage +
+           " releases each gradient once its bucket is handed to the engine (keeping only this "
+           "rank's reduced slice), so there is no full bucket for it to be a view of; use "
+           "zero_stage 0 or 1 (stage 1 always keeps gradients as views of its buckets)";
+  }
   if (o.gradient_predivide_factor != 1.0) {
     return "options.gradient_predivide_factor is " + std::to_string(o.gradient_predivide_factor) +
            "; " + stage + " takes no predivide factor; use zero_stage 0 or 1.0";

@@ -144,7 +144,7 @@ void ZeroState::zero_flat_grads() {
     bucket.flat_grad.zero_();
     for (int index : bucket.params) {
       ZeroParam& p = params[index];
-      torch::Tensor slot = slot_of(bucket.flat_grad, p);
+      const torch::Tensor slot = pipeline.grad_slot(bucket.flat_grad, index);
       if (!occupies(p.param.grad(), slot)) p.param.mutable_grad() = slot;
     }
   }

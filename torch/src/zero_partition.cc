@@ -124,13 +124,8 @@ void ZeroState::build(const std::vector<std::pair<std::string, ShardedUnitImpl*>
       bucket.shard = bucket.full.narrow(0, bucket.shard_begin, bucket.shard_numel);
       if (stage == 1) {
         // The gradients too (a gradient computed before construction is kept).
-        bucket.flat_grad = torch::zeros({bucket.numel}, type);
-        for (int index : bucket.params) {
-          ZeroParam& p = params[index];
-          torch::Tensor slot = slot_of(bucket.flat_grad, p);
-          if (p.param.grad().defined()) slot.copy_(p.param.grad());
-          p.param.mutable_grad() = slot;
-        }
+        bucket.flat_grad = torch::empty({bucket.numel}, type);
+        pipeline.point_grads(static_cast<int>(b), bucket.flat_grad);
         bucket.grad_shard = bucket.flat_grad.narrow(0, 0, bucket.shard_numel);
       } else {
         bucket.grad_shard = torch::zeros({bucket.shard_numel}, type);

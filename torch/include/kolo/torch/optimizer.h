@@ -81,6 +81,23 @@
 // each result into the gradients. The hook's state is saved and restored
 // with the optimizer by kolo::save_checkpoint / kolo::load_checkpoint.
 //
+// Bucket views. With options.gradient_as_bucket_view, every parameter's
+// .grad() is a tensor on its bucket's flat buffer (at the parameter's offset,
+// shaped like it) from construction on: zeros where the gradient was
+// undefined, a copy where it was defined. libtorch's AccumulateGrad adds a
+// new gradient in place into a defined .grad() (any backward without
+// create_graph), so backward writes straight into the bucket, and a bucket
+// goes to the engine as one allreduce request ("<prefix>bucket<i>") computed
+// in place on the buffer, or is the buffer handed to the communication hook:
+// nothing is packed or unpacked. zero_grad() (the wrapped optimizer's, or
+// Module::zero_grad()) zeroes the buffer in place. A gradient that is no
+// longer in its slot (set to none, replaced by the user or by a create_graph
+// backward) is copied back into it when its bucket is launched and .grad()
+// points to the slot again (stats().copies counts such copies). When the
+// layout is rebuilt after the first step, the gradients move to the new
+// buffers (one copy, once). Not a view in autograd's sense: detach_() works
+// on it, so the wrapped optimizer's zero_grad() keeps it in place.
+//
 // Compression. kFp16 / kBf16 install fp16_compress_hook / bf16_compress_hook:
 // a bucket of float32 or float64 gradients is cast to that dtype, reduced in
 // it and cast back by step(). Halves the bytes sent; costs precision (fp16
@@ -150,6 +167,14 @@ struct DistributedOptimizerOptions : GradientOptions {
   // request per gradient, fused by the engine. Not with compression (which
   // is a hook itself).
   std::shared_ptr<CommHook> comm_hook;
+  // Gradients as bucket views (DDP's gradient_as_bucket_view; see "Bucket
+  // views" above): each parameter's .grad() lies in its bucket's flat buffer,
+  // backward accumulates straight into it and a bucket is one in-place
+  // allreduce (or the hook's buffer), with no pack or unpack copy. Off by
+  // default, as in DDP: .grad() is then defined (zeros) from construction,
+  // shares its storage with the bucket's other gradients, and is re-pointed
+  // to a new buffer when the layout is rebuilt after the first step.
+  bool gradient_as_bucket_view = false;
 };
 
 class DistributedOptimizer : public ParallelOptimizer {
@@ -227,6 +252,12 @@ class DistributedOptimizer : public ParallelOptimizer {
     uint64_t hook_submissions = 0;  // allreduces started by a hook, inside backward
     uint64_t step_submissions = 0;  // allreduces started by step() / synchronize()
     uint64_t zero_filled = 0;       // of those, gradients that were undefined (sent as zeros)
+    // Copies of a gradient between .grad() and a buffer kolo made: packing a
+    // bucket for a hook, unpacking its result, a non-contiguous gradient's
+    // staging copy, or moving a gradient into its bucket view. With
+    // gradient_as_bucket_view and gradients left in place: none per step.
+    uint64_t copies = 0;
+    uint64_t copied_bytes = 0;
   };
   Stats stats() const;
 

@@ -23,8 +23,9 @@ namespace kolo {
 // choice of stage. Stages 1-3 take engine, process_set, timeout,
 // backward_passes_per_step (1 only), bucket_bytes and name_prefix from the
 // same fields, and reject the options they cannot honour (op other than
-// kAverage, compression, comm_hook, gradient_predivide_factor) with a
-// ContractError.
+// kAverage, compression, comm_hook, gradient_predivide_factor;
+// gradient_as_bucket_view at stages 2 and 3, which release gradients; stage
+// 1 keeps them as views of its buckets anyway) with a ContractError.
 struct ParallelOptimizerOptions : DistributedOptimizerOptions {
   int zero_stage = 0;    // 0 = DistributedOptimizer; 1, 2, 3 = ZeroOptimizer stage
   bool prefetch = true;  // stage 3: ZeroOptions::prefetch
