@@ -227,6 +227,29 @@ TEST(CheckpointPayload, ForgedTensorHeadersAreRefusedNamingTheFile) {
   refused(size_at, std::string(8, char(0xff)), "size -1");
 }
 
+// A forged payload whose manifest fits the model but whose saved weight has
+// its two sizes swapped (same bytes) used to load and reshape the model's
+// parameter to [4, 3]; now it is refused before the model is touched.
+TEST(CheckpointPayload, SavedTensorsThatDoNotFitTheModelAreRefused) {
+  Net a;
+  const std::string payload = encode_checkpoint(a, nullptr, {});
+  // The entry "weight" of module "fc": key, kind 1, dtype, grad, rank 2, sizes.
+  const size_t key = payload.find(std::string("\x06\0\0\0weight\x01", 11));
+  ASSERT_NE(key, std::string::npos);
+  const size_t sizes = key + 11 + 3;
+  ASSERT_EQ(payload[sizes - 1], 2);
+  std::string forged = payload;
+  forged.replace(sizes, 8, payload.substr(sizes + 8, 8));
+  forged.replace(sizes + 8, 8, payload.substr(sizes, 8));
+  Net b;
+  const torch::Tensor before = b.fc->weight.clone();
+  const std::string message = error_of([&] { decode_checkpoint(forged, b, nullptr, "f.ckpt"); });
+  EXPECT_NE(message.find("the saved tensor 'fc.weight' is Float [4, 3], the model's Float [3, 4]"),
+            std::string::npos)
+      << message;
+  EXPECT_TRUE(torch::equal(b.fc->weight, before));
+}
+
 TEST(CheckpointRng, GeneratorStateRoundTrip) {
   torch::manual_seed(5);
   const std::string state = default_generator_state();

@@ -94,6 +94,37 @@ std::string read_bytes(torch::serialize::InputArchive& archive, const std::strin
   return tensor_bytes(t);
 }
 
+// That `archive` (what Module::save wrote for `module`) holds each of the
+// module's parameters and buffers, recursively, with the module's dtype and
+// shape: Module::load would otherwise reshape the module to whatever a
+// damaged or forged file holds (the manifest is a separate entry).
+void check_saved_tensors(const torch::nn::Module& module, torch::serialize::InputArchive& archive,
+                         const std::string& prefix, const std::string& source) {
+  auto check = [&](const std::string& name, const torch::Tensor& mine, bool buffer) {
+    if (!mine.defined()) return;
+    torch::Tensor saved;
+    if (!archive.try_read(name, saved, buffer) || !saved.defined()) {
+      fail(source, "the saved model has no tensor '" + prefix + name + "'");
+    }
+    if (saved.sizes() != mine.sizes() || saved.scalar_type() != mine.scalar_type()) {
+      fail(source, "the saved tensor '" + prefix + name + "' is " +
+                       c10::toString(saved.scalar_type()) + " " + c10::str(saved.sizes()) +
+                       ", the model's " + c10::toString(mine.scalar_type()) + " " +
+                       c10::str(mine.sizes()) + " (a damaged checkpoint)");
+    }
+  };
+  for (const auto& p : module.named_parameters(/*recurse=*/false)) check(p.key(), p.value(), false);
+  for (const auto& b : module.named_buffers(/*recurse=*/false)) check(b.key(), b.value(), true);
+  for (const auto& child : module.named_children()) {
+    if (!child.value()->is_serializable()) continue;  // Module::save skips it too
+    torch::serialize::InputArchive nested;
+    if (!archive.try_read(child.key(), nested)) {
+      fail(source, "the saved model has no module '" + prefix + child.key() + "'");
+    }
+    check_saved_tensors(*child.value(), nested, prefix + child.key() + ".", source);
+  }
+}
+
 }  // namespace
 
 std::string encode_checkpoint(const torch::nn::Module& model,
@@ -163,6 +194,7 @@ CheckpointState decode_checkpoint(const std::string& payload, torch::nn::Module&
   try {
     torch::serialize::InputArchive model_archive;
     archive.read("model/tensors", model_archive);
+    check_saved_tensors(model, model_archive, "", source);
     model.load(model_archive);
   } catch (const ContractError&) {
     throw;
