@@ -196,6 +196,9 @@ int run_ps_sparse_worker(const PsWorkerOptions& o) {
     initial_loss = test_loss();
   }
 
+  // Traffic of the training steps only: the initial evaluation's pulls are not in it.
+  const ps::Worker::Stats dense_before = ps ? ps_worker->stats() : ps::Worker::Stats{};
+  const ps::Embedding::Stats sparse_before = ps ? embedding->stats() : ps::Embedding::Stats{};
   int64_t samples = 0, steps = 0;
   const Clock::time_point start = Clock::now();
   for (int epoch = 0; epoch < o.epochs; ++epoch) {
@@ -229,10 +232,13 @@ int run_ps_sparse_worker(const PsWorkerOptions& o) {
     // Per training step: taken before the evaluation's pulls below.
     const ps::Worker::Stats dense = ps_worker->stats();
     const ps::Embedding::Stats sparse = embedding->stats();
-    row["bytes_per_step"] =
-        (dense.bytes_pulled + dense.bytes_pushed + sparse.bytes_pulled + sparse.bytes_pushed) /
-        std::max<int64_t>(1, steps);
-    row["rows_per_step"] = sparse.rows_pulled / std::max<int64_t>(1, steps);
+    const int64_t moved = dense.bytes_pulled + dense.bytes_pushed + sparse.bytes_pulled +
+                          sparse.bytes_pushed - dense_before.bytes_pulled -
+                          dense_before.bytes_pushed - sparse_before.bytes_pulled -
+                          sparse_before.bytes_pushed;
+    row["bytes_per_step"] = moved / std::max<int64_t>(1, steps);
+    row["rows_per_step"] =
+        (sparse.rows_pulled - sparse_before.rows_pulled) / std::max<int64_t>(1, steps);
     row["max_staleness_seen"] = dense.max_staleness_seen;
     ps_worker->pull();  // the parameters after every update this worker waited for
   } else {
