@@ -645,13 +645,21 @@ int64_t Worker::clock() const { return impl_->clock; }
 
 const Roles& Worker::roles() const { return impl_->links.roles; }
 
+namespace {
+// The header of a sparse request (count: set per server).
+Header row_header(Kind kind, int64_t clock, const Worker::RowRequest& r) {
+  Header h;
+  h.kind = kind;
+  h.clock = clock;
+  h.fingerprint = r.fingerprint;
+  h.value = r.table;
+  return h;
+}
+}  // namespace
+
 void Worker::check_table(const RowRequest& r) {
   Impl& w = *impl_;
-  Header greeting;
-  greeting.kind = Kind::kSparsePull;
-  greeting.clock = w.clock;
-  greeting.fingerprint = r.fingerprint;
-  greeting.value = r.table;
+  const Header greeting = row_header(Kind::kSparsePull, w.clock, r);
   for (int s = 0; s < w.links.roles.servers; ++s) {
     w.on_server(s, "check_table", [&](Communicator& link) {
       send_header(link, kServerPeer, greeting, w.options.timeout);
@@ -670,11 +678,7 @@ void Worker::pull_rows(const RowRequest& r, const std::vector<torch::Tensor>& ro
                        std::vector<torch::Tensor>* values) {
   Impl& w = *impl_;
   if (w.finished) throw ContractError(w.name() + ": pull_rows() after finish()");
-  Header request;
-  request.kind = Kind::kSparsePull;
-  request.clock = w.clock;
-  request.fingerprint = r.fingerprint;
-  request.value = r.table;
+  Header request = row_header(Kind::kSparsePull, w.clock, r);
   const int servers = w.links.roles.servers;
   values->assign(servers, torch::Tensor());
   for (int s = 0; s < servers; ++s) {
@@ -707,11 +711,7 @@ void Worker::push_rows(const RowRequest& r, const std::vector<torch::Tensor>& ro
                        const std::vector<torch::Tensor>& grads) {
   Impl& w = *impl_;
   if (w.finished) throw ContractError(w.name() + ": push_rows() after finish()");
-  Header request;
-  request.kind = Kind::kSparsePush;
-  request.clock = w.clock;
-  request.fingerprint = r.fingerprint;
-  request.value = r.table;
+  Header request = row_header(Kind::kSparsePush, w.clock, r);
   for (int s = 0; s < w.links.roles.servers; ++s) {
     if (rows[s].numel() == 0) continue;
     request.count = rows[s].numel();
