@@ -6,6 +6,8 @@
 //    optimizer written here independently (Adagrad and lazy Adam, several
 //    steps, element-wise), with duplicate indices, across 1, 2 and 3 servers;
 //  - duplicate indices pull a row once and sum its gradient;
+//  - async applies every push as it comes; ssp keeps table pulls within the
+//    staleness bound, with one worker made slow;
 //  - indices out of range are a ContractError on every worker, naming the
 //    index and the table's size, before anything reaches a server;
 //  - an empty batch pulls and pushes nothing and the step still completes;
@@ -20,6 +22,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kolo/core/errors.h"
@@ -315,6 +318,44 @@ TEST(PsEmbedding, AsyncAppliesEveryPushAsItComes) {
   EXPECT_EQ(job.tables[0]->stats().rows_written, kSteps * 3);
   EXPECT_EQ(job.tables[1]->stats().updates, 2 * kSteps);  // {29} and {15, 16, 17, 29}
   EXPECT_EQ(job.tables[1]->stats().rows_written, kSteps * (1 + 4));
+}
+
+TEST(PsEmbedding, SspBoundsTheStalenessOfTablePulls) {
+  const EmbeddingOptions table = table_of(30, SparseOptimizerOptions::Kind::kAdagrad);
+  constexpr int kSteps = 6;
+  constexpr int kBound = 1;
+  std::vector<Links> links = make_thread_links(2, 1, kTimeout);
+  PsOptions options = options_of(Mode::kSsp);
+  options.max_staleness = kBound;
+  std::unique_ptr<Server> server;
+  std::shared_ptr<EmbeddingTable> shard;
+  std::vector<int64_t> seen(2, 0);
+  testing::run_ranks(3, [&](int rank) {
+    torch::nn::Linear head = make_head();
+    if (rank == 2) {
+      const Roles roles = links[rank].roles;
+      auto s = std::make_unique<Server>(head->named_parameters(), sgd(), std::move(links[rank]),
+                                        options);
+      shard = std::make_shared<EmbeddingTable>(table, roles);
+      s->add_table(shard);
+      s->run();
+      server = std::move(s);
+      return;
+    }
+    Worker w(head->named_parameters(), std::move(links[rank]), options);
+    Embedding e(table, w, 0);
+    for (int s = 0; s < kSteps; ++s) {
+      // Worker 1 is slow: worker 0 runs ahead until the bound holds it.
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      step(w, e, head, torch::tensor({{rank * 10, rank * 10 + 1}}), torch::ones({1}));
+    }
+    seen[rank] = w.stats().max_staleness_seen;
+    w.finish();
+  });
+  EXPECT_LE(server->stats().staleness.max_staleness, kBound);
+  EXPECT_LE(seen[0], kBound);
+  EXPECT_EQ(shard->stats().updates, 2 * kSteps);  // every push applied as it came
+  EXPECT_EQ(shard->stats().rows_written, 2 * 2 * kSteps);
 }
 
 // ---- errors ----
