@@ -138,7 +138,7 @@ int run_elastic(const Flags& flags) {
     const bool chief = rank == 0;
     // Built afresh per round: it belongs to this round's engine.
     kolo::DistributedOptimizerOptions dist_options;
-    dist_options.compression = kolo::parse_compression(flags.compression);
+    set_gradient_exchange(flags, dist_options);
     kolo::DistributedOptimizer optimizer(*base_optimizer, model->named_parameters(), dist_options);
     // The rate is scaled for this world's size (the warmup counts this world's steps).
     const kolo::LrSchedule schedule(

@@ -69,9 +69,16 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& flags) {
                  "gradients and optimizer state)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
-  app.add_option("--compression", flags.compression, "Gradient compression: none, fp16, bf16")
+  app.add_option("--compression", flags.compression,
+                 "Gradient compression: none, fp16, bf16, or powersgd (low-rank, with error "
+                 "feedback: kolo::powersgd_hook)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"none", "fp16", "bf16"}));
+      ->check(CLI::IsMember({"none", "fp16", "bf16", "powersgd"}));
+  app.add_option("--powersgd-rank", flags.powersgd_rank,
+                 "--compression powersgd: rank of each gradient's approximation (torch's "
+                 "matrix_approximation_rank)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   app.add_option("--data-dir", flags.data_dir, "Directory of the gzipped IDX files")
       ->capture_default_str();
   app.add_option("--seed", flags.seed, "Seed shared by all workers")->capture_default_str();

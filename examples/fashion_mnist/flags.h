@@ -23,7 +23,8 @@ struct Flags {
   int threads = 0;                    // 0 = $OMP_NUM_THREADS (kolorun sets it), else 1
   int64_t train_subset = 0;           // 0 = all 60000 training images
   int64_t test_subset = 0;            // 0 = all 10000 test images
-  std::string compression = "none";   // gradients on the wire: none, fp16, bf16
+  std::string compression = "none";   // gradients on the wire: none, fp16, bf16, powersgd
+  int powersgd_rank = 1;              // --compression powersgd: rank r of the approximation
   int zero_stage = 0;                 // 0 = DistributedOptimizer, 1-3 = ZeRO stage (docs/zero.md)
   std::string precision = "fp32";     // fp32, or bf16: the forward pass under bf16 autocast
   std::string data_dir = kDefaultDataDir;

@@ -75,12 +75,15 @@ class Report : public kolo::Callback {
         static_cast<long long>(flags_.balance ? train_size_ / workers
                                               : (train_size_ + workers - 1) / workers),
         static_cast<long long>(trainer.steps_per_epoch()), static_cast<long long>(test_size_));
+    const std::string compression = flags_.compression == "powersgd"
+                                        ? "powersgd rank " + std::to_string(flags_.powersgd_rank)
+                                        : flags_.compression;
     std::printf(
         "  batch %lld per worker (global %lld), gradient compression %s, ZeRO stage %d, "
         "precision %s\n",
         static_cast<long long>(flags_.batch_size),
-        static_cast<long long>(flags_.batch_size * workers), flags_.compression.c_str(),
-        flags_.zero_stage, flags_.precision.c_str());
+        static_cast<long long>(flags_.batch_size * workers), compression.c_str(), flags_.zero_stage,
+        flags_.precision.c_str());
     const OptimizerChoice choice = resolved(flags_.optimizer);
     print_optimizer(choice, schedule_of(flags_, choice, workers, trainer.steps_per_epoch()),
                     flags_.lr_decay);
@@ -151,7 +154,7 @@ void fit(const Flags& flags, const kolo::Dataset& train, const kolo::Dataset& te
   kolo::ParallelOptimizerOptions optimizer_options;
   static_cast<kolo::CallOptions&>(optimizer_options) = where;
   optimizer_options.zero_stage = flags.zero_stage;
-  optimizer_options.compression = kolo::parse_compression(flags.compression);
+  set_gradient_exchange(flags, optimizer_options);
   const std::unique_ptr<kolo::ParallelOptimizer> optimizer =
       kolo::make_parallel_optimizer(*base_optimizer, *model, optimizer_options);
   // Dropout masks differ per worker (the weights are already identical).

@@ -48,6 +48,17 @@ std::pair<kolo::Dataset, kolo::Dataset> load_data(const Flags& flags) {
           as_dataset(load_split(flags.data_dir, "t10k"), flags.test_subset)};
 }
 
+void set_gradient_exchange(const Flags& flags, kolo::DistributedOptimizerOptions& options) {
+  if (flags.compression == "powersgd") {
+    kolo::PowerSGDOptions powersgd;
+    powersgd.rank = flags.powersgd_rank;
+    powersgd.seed = flags.seed;
+    options.comm_hook = kolo::powersgd_hook(powersgd);
+  } else {
+    options.compression = kolo::parse_compression(flags.compression);
+  }
+}
+
 kolo::LrScheduleOptions schedule_of(const Flags& flags, const OptimizerChoice& choice, int workers,
                                     int64_t steps_per_epoch) {
   ScheduleChoice schedule;

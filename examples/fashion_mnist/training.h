@@ -28,6 +28,11 @@ void keep_freed_memory();
 // int64.
 std::pair<kolo::Dataset, kolo::Dataset> load_data(const Flags& flags);
 
+// --compression into the data-parallel optimizer's options: fp16/bf16 as
+// `compression`, powersgd as a communication hook (kolo::powersgd_hook with
+// --powersgd-rank; its error feedback and warm start are part of checkpoints).
+void set_gradient_exchange(const Flags& flags, kolo::DistributedOptimizerOptions& options);
+
 // The optimizer's rate schedule from the flags (optimizer_choice.h).
 kolo::LrScheduleOptions schedule_of(const Flags& flags, const OptimizerChoice& choice, int workers,
                                     int64_t steps_per_epoch);

@@ -105,6 +105,77 @@ TEST_F(FashionMnistExample, TrainsOnTwoWorkersThroughKolorunAndResumes) {
   std::filesystem::remove_all(dir);
 }
 
+// --compression powersgd: the gradients go as rank-2 factors (kolo::powersgd_hook,
+// which needs no uncompressed step after the first) and the model still
+// learns; the hook's error feedback and warm start are in the checkpoint, and
+// the resumed run goes on from them.
+TEST_F(FashionMnistExample, TrainsWithPowerSgdAndResumesItsState) {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("kolo-fashion-mnist-powersgd-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  const std::vector<std::string> common = {"-np",
+                                           "2",
+                                           example_path(),
+                                           "--train-subset=2000",
+                                           "--test-subset=500",
+                                           "--batch-size=32",
+                                           "--threads=1",
+                                           "--compression=powersgd",
+                                           "--powersgd-rank=2",
+                                           "--checkpoint-dir=" + dir,
+                                           "--progress-lines=1"};
+  std::vector<std::string> first = common;
+  first.insert(first.end(), {"--epochs", "1"});
+  RunResult r = run_kolorun(first, seconds(120));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("gradient compression powersgd rank 2"), std::string::npos) << r.out;
+  const auto first_accuracy = values_after(r.out, "test accuracy");
+  ASSERT_EQ(first_accuracy.size(), 1u) << r.out;
+  EXPECT_GT(first_accuracy[0], 0.5) << r.out;
+
+  std::vector<std::string> second = common;
+  second.insert(second.end(), {"--epochs", "2", "--resume"});
+  r = run_kolorun(second, seconds(120));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("Resumed from " + dir + " after epoch 1"), std::string::npos) << r.out;
+  const auto second_accuracy = values_after(r.out, "test accuracy");
+  ASSERT_EQ(second_accuracy.size(), 1u) << r.out;
+  EXPECT_GT(second_accuracy[0], 0.6) << r.out;
+  std::filesystem::remove_all(dir);
+
+  // A rank the flag does not allow is refused by name.
+  r = run_kolorun({"-np", "1", example_path(), "--compression=powersgd", "--powersgd-rank=0"},
+                  seconds(60));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--powersgd-rank"), std::string::npos) << r.err;
+}
+
+// The pid of kolorun's child with KOLO_WORKER_ID=`id` (-1 if none).
+pid_t worker_pid(pid_t kolorun, int id) {
+  const std::string wanted = "KOLO_WORKER_ID=" + std::to_string(id);
+  pid_t found = -1;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    const std::string text((std::istreambuf_iterator<char>(stat)), {});
+    const size_t paren = text.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::istringstream fields(text.substr(paren + 1));
+    char state;
+    pid_t ppid = 0;
+    fields >> state >> ppid;
+    if (ppid != kolorun) continue;
+    std::ifstream environ(entry.path() / "environ", std::ios::binary);
+    for (std::string variable; std::getline(environ, variable, '\0');) {
+      if (variable == wanted) found = static_cast<pid_t>(std::stol(name));
+    }
+  }
+  return found;
+}
+
 // 3 workers, 1920 images in batches of 32 (20 steps per epoch), committing
 // every 4 steps; worker 2 is SIGKILLed once rank 0 reports step 7. The two
 // others go back to their commit at step 4 (at most one commit interval of
