@@ -38,7 +38,7 @@ foreach(tool kolorun kolo-bench kolo-zero-consolidate)
 endforeach()
 
 # kolo.torch (python/): the package and its extension into the interpreter's
-# site-packages for the prefix, component Python (not in the Debian packages yet).
+# site-packages for the prefix, component Python (the python3-kolo Debian package).
 if(TARGET kolo_python_extension)
   # KOLO_PYTHON_INSTALL_DIR (relative to the install prefix) defaults to where
   # KOLO_PYTHON looks for that prefix: Debian's lib/python3/dist-packages for

@@ -57,7 +57,10 @@ if [[ $from == --deb ]]; then
   shopt -s nullglob
   debs=("$work"/debs/*.deb)
   shopt -u nullglob
-  for package in libkolo libkolo-dev kolo-tools; do
+  packages=(libkolo libkolo-dev kolo-tools)
+  # The Python frontend's package, when this build has the frontend.
+  [[ -f $build/python/kolo/__init__.py ]] && packages+=(python3-kolo)
+  for package in "${packages[@]}"; do
     match=$(printf '%s\n' "${debs[@]}" | grep -E "/${package}[0-9.]*_" || true)
     [[ -n $match ]] || { echo "cpack made no $package package: ${debs[*]}" >&2; exit 1; }
   done
@@ -124,3 +127,24 @@ for mode in "${modes[@]}"; do
   "$prefix/bin/kolorun" -np 2 "$dir/kolo_consumer"
 done
 step "the consumers (${modes[*]}) trained and agree"
+
+# The Python frontend from the same prefix (not the build tree): its package
+# imports, and its extension finds the installed libkolo (RUNPATH $ORIGIN/..).
+if [[ -f $build/python/kolo/__init__.py ]]; then
+  step "kolo.torch from $prefix"
+  package_dir=$(dirname "$(dirname "$(find "$prefix" -path '*/kolo/__init__.py' | head -1)")")
+  [[ $package_dir != . ]] || { echo "no kolo Python package under $prefix" >&2; exit 1; }
+  used=$(ldd "$package_dir"/kolo/_kolo*.so | sed -n 's/.*libkolo_torch[^ ]* => \([^ ]*\).*/\1/p')
+  if [[ $(realpath "$(dirname "$used")") != $(realpath "$libdir") ]]; then
+    echo "kolo.torch uses libkolo_torch from '$used', not from $libdir" >&2
+    exit 1
+  fi
+  PYTHONPATH=$package_dir "$prefix/bin/kolorun" -np 2 /usr/bin/python3 -c '
+import torch, kolo.torch as hvd
+hvd.init()
+total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+assert total.item() == 3.0, total
+assert hvd.__file__.startswith("'"$package_dir"'"), hvd.__file__
+print("rank", hvd.rank(), "of", hvd.size(), "sum", total.item())
+'
+fi
