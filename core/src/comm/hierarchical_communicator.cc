@@ -342,6 +342,7 @@ class HierarchicalCommunicator : public Communicator {
     bool failed = false;
     Part failed_part = kLocal;
     std::exception_ptr failure;
+    std::optional<PartFault> settled;  // a RuntimeFault's, reported before the abort below
     auto record = [&](Part part) {
       {
         std::lock_guard<std::mutex> lock(mutex);
@@ -351,6 +352,19 @@ class HierarchicalCommunicator : public Communicator {
         failure = std::current_exception();
       }
       changed.notify_all();
+      // Settle and publish this rank's report before the other part gives
+      // up (settle()): its peers there would otherwise find no report from
+      // this rank and blame it (a far host's leader blaming the live leader
+      // here instead of the rank that died).
+      if (!abort_requested_.load(std::memory_order_acquire)) {
+        try {
+          std::rethrow_exception(failure);
+        } catch (const RuntimeFault& fault) {
+          settled = settle(part_fault(part, fault));
+        } catch (...) {
+          // a contract error: no peer is blamed
+        }
+      }
       // Unblock the other thread: its part gives up at once.
       (part == kLocal ? p_.cross : p_.local)
           ->abort("rank " + std::to_string(p_.rank) +
@@ -405,6 +419,10 @@ class HierarchicalCommunicator : public Communicator {
     }
     helper.join();
     if (failed) {
+      if (settled) {
+        throw_if_abort_requested();
+        raise(*settled);
+      }
       in_part(failed_part, deadline, [&](milliseconds) { std::rethrow_exception(failure); });
     }
   }
@@ -430,17 +448,22 @@ class HierarchicalCommunicator : public Communicator {
       throw;  // the part stays usable: a mismatch is every rank's error
     } catch (const RuntimeFault& fault) {
       throw_if_abort_requested();
-      const std::vector<int>& members = part == kLocal   ? local_members_
-                                        : part == kCross ? cross_members_
-                                                         : all_members();
-      PartFault f{dynamic_cast<const TimeoutError*>(&fault) != nullptr,
-                  {},
-                  part_label(part) + ": " + without_advice(fault.what())};
-      for (int r : fault.failed_ranks()) {
-        if (r >= 0 && r < static_cast<int>(members.size())) f.ranks.push_back(members[r]);
-      }
-      fail(f);
+      raise(settle(part_fault(part, fault)));
     }
+  }
+
+  // A part's fault in this communicator's numbering (its ranks are the part's).
+  PartFault part_fault(Part part, const RuntimeFault& fault) {
+    const std::vector<int>& members = part == kLocal   ? local_members_
+                                      : part == kCross ? cross_members_
+                                                       : all_members();
+    PartFault f{dynamic_cast<const TimeoutError*>(&fault) != nullptr,
+                {},
+                part_label(part) + ": " + without_advice(fault.what())};
+    for (int r : fault.failed_ranks()) {
+      if (r >= 0 && r < static_cast<int>(members.size())) f.ranks.push_back(members[r]);
+    }
+    return f;
   }
 
   // Which part a fault's text comes from: its ranks are that part's.
@@ -470,9 +493,13 @@ class HierarchicalCommunicator : public Communicator {
     return all_members_;
   }
 
-  [[noreturn]] void fail(PartFault f) {
-    // Take the view of a blamed rank that gave up first (it is alive, and
-    // what it blamed is the cause), unless it blames this rank.
+  // The fault this rank reports, published for its peers: the view of a
+  // blamed rank that gave up first (it is alive, and what it blamed is the
+  // cause) unless it blames this rank, else its own. Waits up to kReportWait
+  // per blamed rank that has not reported (a dead one never does). Must run
+  // before this rank aborts any part: a peer sees the abort as this rank
+  // failing and looks for this report within the same kReportWait.
+  PartFault settle(PartFault f) {
     for (int blamed : std::vector<int>(f.ranks)) {
       if (auto relayed = read_report(blamed)) {
         f = *relayed;
@@ -481,6 +508,12 @@ class HierarchicalCommunicator : public Communicator {
       }
     }
     publish_report(f);
+    return f;
+  }
+
+  // Breaks the communicator with the settled fault `f`: every part aborts
+  // and the caller gets the RuntimeFault (TimeoutError) naming f.ranks.
+  [[noreturn]] void raise(const PartFault& f) {
     const std::string message =
         "kolo hierarchical (rank " + std::to_string(p_.rank) + " of " + std::to_string(size_) +
         ", host " + std::to_string(host_) + "): " +
