@@ -46,6 +46,12 @@ std::vector<double> values_after(const std::string& output, const std::string& l
   return values;
 }
 
+// The small run most tests train: 2000 training images (1000 per worker at
+// -np 2) in batches of 32, 500 test images, one thread per worker: a few
+// seconds per epoch on this machine's 2 shared cores.
+const std::vector<std::string> kSmallRun = {"--train-subset=2000", "--test-subset=500",
+                                            "--batch-size=32", "--threads=1"};
+
 class FashionMnistExample : public ::testing::Test {
  protected:
   void SetUp() override { skip_unless_available(); }
@@ -60,14 +66,8 @@ class FashionMnistExample : public ::testing::Test {
 void train_then_resume(const std::string& dir, const std::vector<std::string>& extra,
                        RunResult& first, RunResult& second) {
   std::filesystem::remove_all(dir);
-  std::vector<std::string> common = {"-np",
-                                     "2",
-                                     example_path(),
-                                     "--train-subset=2000",
-                                     "--test-subset=500",
-                                     "--batch-size=32",
-                                     "--threads=1",
-                                     "--checkpoint-dir=" + dir};
+  std::vector<std::string> common = {"-np", "2", example_path(), "--checkpoint-dir=" + dir};
+  common.insert(common.end(), kSmallRun.begin(), kSmallRun.end());
   common.insert(common.end(), extra.begin(), extra.end());
 
   std::vector<std::string> args = common;
@@ -407,9 +407,8 @@ TEST_F(FashionMnistExample, Bf16PrecisionTrainsOnTwoWorkers) {
 // DistributedOptimizer does): same test loss to the printed digit, both
 // well past chance. 1000 images per worker, one epoch.
 TEST_F(FashionMnistExample, SyncParameterServerTrainsAsAllreduceDoes) {
-  const std::vector<std::string> flags = {"--train-subset=2000", "--test-subset=500",
-                                          "--batch-size=32",     "--threads=1",
-                                          "--epochs=1",          "--progress-lines=0"};
+  std::vector<std::string> flags = kSmallRun;
+  flags.insert(flags.end(), {"--epochs=1", "--progress-lines=0"});
   std::vector<std::string> allreduce = {"-np", "2", example_path()};
   allreduce.insert(allreduce.end(), flags.begin(), flags.end());
   RunResult a = run_kolorun(allreduce, seconds(120));
@@ -448,17 +447,9 @@ TEST_F(FashionMnistExample, AsyncAndSspParameterServersTrain) {
   for (const std::vector<std::string>& strategy :
        {std::vector<std::string>{"--strategy", "ps-async"},
         std::vector<std::string>{"--strategy", "ps-ssp", "--max-staleness", "1"}}) {
-    std::vector<std::string> args = {"-np",
-                                     "2",
-                                     "--servers",
-                                     "2",
-                                     example_path(),
-                                     "--train-subset=2000",
-                                     "--test-subset=500",
-                                     "--batch-size=32",
-                                     "--threads=1",
-                                     "--epochs=1",
-                                     "--progress-lines=0"};
+    std::vector<std::string> args = {"-np", "2", "--servers", "2", example_path()};
+    args.insert(args.end(), kSmallRun.begin(), kSmallRun.end());
+    args.insert(args.end(), {"--epochs=1", "--progress-lines=0"});
     args.insert(args.end(), strategy.begin(), strategy.end());
     RunResult r = run_kolorun(args, seconds(120));
     ASSERT_FALSE(r.timed_out) << r.out << r.err;
