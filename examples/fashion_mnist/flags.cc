@@ -38,6 +38,31 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& flags) {
                  "After the warmup: constant, or cosine (down to 0 at the last epoch)")
       ->capture_default_str()
       ->check(CLI::IsMember({"constant", "cosine"}));
+  CLI::Option* min_lr =
+      app.add_option("--min-lr", flags.min_lr,
+                     "--lr-decay cosine: the rate reached at the last epoch (a floor, so that a "
+                     "short run keeps learning to its end)")
+          ->capture_default_str()
+          ->check(CLI::NonNegativeNumber);
+  CLI::Option* trust_coefficient =
+      app.add_option("--trust-coefficient", flags.optimizer.trust_coefficient,
+                     "lars: eta, the trust ratio's coefficient (eta ||w|| / ||g||)")
+          ->capture_default_str()
+          ->check(CLI::PositiveNumber);
+  CLI::Option* trust_clip =
+      app.add_flag("--trust-clip", flags.optimizer.trust_clip,
+                   "lars: a layer's rate is min(lr, trust ratio) (NVIDIA's LARC clip mode) "
+                   "instead of lr x trust ratio");
+  CLI::Option* min_trust_ratio =
+      app.add_option("--min-trust-ratio", flags.optimizer.min_trust_ratio,
+                     "lamb: the least trust ratio ||w|| / ||u|| a layer's update is scaled by")
+          ->capture_default_str()
+          ->check(CLI::NonNegativeNumber);
+  CLI::Option* max_trust_ratio =
+      app.add_option("--max-trust-ratio", flags.optimizer.max_trust_ratio,
+                     "lamb: the greatest trust ratio ||w|| / ||u|| a layer's update is scaled by")
+          ->capture_default_str()
+          ->check(CLI::NonNegativeNumber);
   app.add_option("--checkpoint-dir", flags.checkpoint_dir,
                  "Save after every epoch: rank 0 writes <dir>/checkpoint.kolo (--zero-stage 0) "
                  "or every rank its shard of <dir>/zero/ (stages 1-3); with --elastic, every "
@@ -120,6 +145,34 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& flags) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  if (min_lr->count() > 0 && flags.lr_decay != "cosine") {
+    std::fprintf(stderr,
+                 "fashion_mnist: --min-lr is the floor of --lr-decay cosine; add --lr-decay "
+                 "cosine or drop --min-lr\n");
+    return 2;
+  }
+  if ((trust_coefficient->count() > 0 || trust_clip->count() > 0) &&
+      flags.optimizer.name != "lars") {
+    std::fprintf(stderr,
+                 "fashion_mnist: --trust-coefficient and --trust-clip set kolo::LARS; add "
+                 "--optimizer lars or drop them (lamb's are --min-trust-ratio and "
+                 "--max-trust-ratio)\n");
+    return 2;
+  }
+  if ((min_trust_ratio->count() > 0 || max_trust_ratio->count() > 0) &&
+      flags.optimizer.name != "lamb") {
+    std::fprintf(stderr,
+                 "fashion_mnist: --min-trust-ratio and --max-trust-ratio set kolo::LAMB; add "
+                 "--optimizer lamb or drop them (lars's is --trust-coefficient)\n");
+    return 2;
+  }
+  if (flags.optimizer.min_trust_ratio > flags.optimizer.max_trust_ratio) {
+    std::fprintf(stderr,
+                 "fashion_mnist: --min-trust-ratio %g is above --max-trust-ratio %g; the "
+                 "clamp needs min <= max\n",
+                 flags.optimizer.min_trust_ratio, flags.optimizer.max_trust_ratio);
+    return 2;
   }
   if (flags.resume && flags.checkpoint_dir.empty()) {
     std::fprintf(stderr, "fashion_mnist: --resume needs --checkpoint-dir\n");

@@ -14,10 +14,11 @@ namespace fashion_mnist {
 struct Flags {
   int epochs = 2;
   int64_t batch_size = 64;            // per worker; the global batch is workers x this
-  OptimizerChoice optimizer;          // --optimizer, --lr, --momentum, --weight-decay
+  OptimizerChoice optimizer;          // --optimizer, --lr, --momentum, --weight-decay, trust
   bool scale_lr = false;              // multiply lr by the number of workers (Goyal et al.)
   double warmup_epochs = 0;           // reach the peak rate linearly over this many epochs
   std::string lr_decay = "constant";  // after the warmup: constant or cosine
+  double min_lr = 0;                  // cosine: the rate at the last epoch
   std::string checkpoint_dir;         // "" = no checkpoints
   bool resume = false;                // start from the checkpoint in checkpoint_dir
   int threads = 0;                    // 0 = $OMP_NUM_THREADS (kolorun sets it), else 1

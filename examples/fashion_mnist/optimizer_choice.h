@@ -4,9 +4,11 @@
 //   adam  torch::optim::Adam, lr 1e-3: the seed's optimizer.
 //   sgd   torch::optim::SGD with momentum 0.9 and weight decay 5e-4.
 //   lars  kolo::LARS (SGD with momentum and layer-wise trust ratios), momentum
-//         0.9, weight decay 5e-4, trust coefficient 0.001.
+//         0.9, weight decay 5e-4, trust coefficient 0.001 (--trust-coefficient;
+//         --trust-clip for LARC's min(lr, ratio) instead of lr x ratio).
 //   lamb  kolo::LAMB (Adam's update with layer-wise trust ratios), weight
-//         decay 0.01.
+//         decay 0.01, the trust ratio clamped to [0.01, 10] (--min-trust-ratio,
+//         --max-trust-ratio).
 // lars and lamb take the large-batch recipe's parameter groups: biases and
 // the other 1-D parameters without weight decay or adaptation
 // (kolo::layerwise_param_groups). Their default rates are the ones measured
@@ -17,8 +19,8 @@
 //     (Goyal et al.: the single-worker rate grows to the linearly scaled
 //     one); without it from --lr / (warmup steps) to --lr (the LARS and LAMB
 //     papers' warmup from near zero, for a rate set for the global batch);
-//   - then constant, or (--lr-decay cosine) down to 0 at the last epoch along
-//     half a cosine.
+//   - then constant, or (--lr-decay cosine) down to --min-lr (default 0) at
+//     the last epoch along half a cosine.
 #pragma once
 
 #include <torch/torch.h>
@@ -38,6 +40,12 @@ struct OptimizerChoice {
   double lr = 0;              // 0 = the optimizer's default below
   double momentum = 0.9;      // sgd, lars
   double weight_decay = -1;   // < 0 = the optimizer's default below
+  // lars: eta, and LARC's clip mode (kolo::LARSOptions).
+  double trust_coefficient = 0.001;
+  bool trust_clip = false;
+  // lamb: the clamp of the trust ratio ||w|| / ||u|| (kolo::LAMBOptions).
+  double min_trust_ratio = 0.01;
+  double max_trust_ratio = 10;
 };
 
 inline double default_lr(const std::string& name) {
@@ -85,12 +93,18 @@ inline std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerCh
   if (auto optimizer = make_elementwise_optimizer(choice, model.parameters())) return optimizer;
   if (choice.name == "lars") {
     return std::make_unique<kolo::LARS>(kolo::layerwise_param_groups(
-        model.named_parameters(),
-        kolo::LARSOptions(choice.lr).momentum(choice.momentum).weight_decay(choice.weight_decay)));
+        model.named_parameters(), kolo::LARSOptions(choice.lr)
+                                      .momentum(choice.momentum)
+                                      .weight_decay(choice.weight_decay)
+                                      .trust_coefficient(choice.trust_coefficient)
+                                      .trust_clip(choice.trust_clip)));
   }
   if (choice.name == "lamb") {
     return std::make_unique<kolo::LAMB>(kolo::layerwise_param_groups(
-        model.named_parameters(), kolo::LAMBOptions(choice.lr).weight_decay(choice.weight_decay)));
+        model.named_parameters(), kolo::LAMBOptions(choice.lr)
+                                      .weight_decay(choice.weight_decay)
+                                      .min_trust_ratio(choice.min_trust_ratio)
+                                      .max_trust_ratio(choice.max_trust_ratio)));
   }
   throw std::invalid_argument("--optimizer is '" + choice.name + "'; use adam, sgd, lars or lamb");
 }
@@ -99,7 +113,8 @@ struct ScheduleChoice {
   bool scale_lr = false;
   double warmup_epochs = 0;
   std::string decay = "constant";  // constant, cosine
-  int epochs = 1;                  // the run's length (cosine reaches 0 at its end)
+  int epochs = 1;                  // the run's length (cosine reaches min_lr at its end)
+  double min_lr = 0;               // cosine: the rate at the last epoch
 };
 
 inline kolo::LrScheduleOptions schedule_options(double lr, const ScheduleChoice& choice,
@@ -113,7 +128,7 @@ inline kolo::LrScheduleOptions schedule_options(double lr, const ScheduleChoice&
   if (choice.decay == "cosine") {
     o.decay = kolo::LrDecay::kCosine;
     o.total_epochs = choice.epochs;
-    o.min_lr = 0;
+    o.min_lr = choice.min_lr;
   }
   return o;
 }

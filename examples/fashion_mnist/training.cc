@@ -66,6 +66,7 @@ kolo::LrScheduleOptions schedule_of(const Flags& flags, const OptimizerChoice& c
   schedule.warmup_epochs = flags.warmup_epochs;
   schedule.decay = flags.lr_decay;
   schedule.epochs = flags.epochs;
+  schedule.min_lr = flags.min_lr;
   return schedule_options(choice.lr, schedule, workers, steps_per_epoch);
 }
 
@@ -73,7 +74,15 @@ void print_optimizer(const OptimizerChoice& choice, const kolo::LrScheduleOption
                      const std::string& decay) {
   std::printf("  %s lr %g -> %g over %g warmup epoch(s), then %s", choice.name.c_str(),
               schedule.base_lr, schedule.peak_lr, schedule.warmup_epochs, decay.c_str());
+  if (schedule.decay == kolo::LrDecay::kCosine) std::printf(" to %g", schedule.min_lr);
   if (choice.name == "sgd" || choice.name == "lars") std::printf("; momentum %g", choice.momentum);
+  if (choice.name == "lars") {
+    std::printf("; trust coefficient %g%s", choice.trust_coefficient,
+                choice.trust_clip ? " (clip mode)" : "");
+  }
+  if (choice.name == "lamb") {
+    std::printf("; trust ratio in [%g, %g]", choice.min_trust_ratio, choice.max_trust_ratio);
+  }
   std::printf("; weight decay %g\n", choice.weight_decay);
 }
 

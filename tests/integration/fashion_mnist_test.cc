@@ -368,22 +368,72 @@ TEST_F(FashionMnistExample, BalanceWithElasticIsAClearError) {
 }
 
 // --optimizer lars and lamb (the layer-wise optimizers, with the recipe's
-// groups, warmup and cosine decay) train the example through kolorun; the
-// banner names the optimizer and its schedule.
+// groups, warmup and cosine decay to a floor, and their trust-ratio options)
+// train the example through kolorun; the banner names the optimizer, its
+// schedule and its trust-ratio settings.
 TEST_F(FashionMnistExample, LarsAndLambTrainOnTwoWorkers) {
-  for (const std::string optimizer : {"lars", "lamb"}) {
-    RunResult r =
-        run_kolorun({"-np", "2", example_path(), "--optimizer", optimizer, "--warmup-epochs=0.5",
-                     "--lr-decay=cosine", "--train-subset=2000", "--test-subset=300",
-                     "--batch-size=64", "--threads=1", "--epochs", "2", "--progress-lines=1"},
-                    seconds(120));
+  struct Case {
+    std::string optimizer;
+    std::vector<std::string> trust_flags;
+    std::string banner;
+  };
+  for (const Case& c : {Case{"lars",
+                             {"--trust-coefficient=0.002", "--trust-clip"},
+                             "trust coefficient 0.002 (clip mode)"},
+                        Case{"lamb",
+                             {"--min-trust-ratio=0.05", "--max-trust-ratio=5"},
+                             "trust ratio in [0.05, 5]"}}) {
+    std::vector<std::string> args = {"-np",
+                                     "2",
+                                     example_path(),
+                                     "--optimizer",
+                                     c.optimizer,
+                                     "--warmup-epochs=0.5",
+                                     "--lr-decay=cosine",
+                                     "--min-lr=0.001",
+                                     "--train-subset=2000",
+                                     "--test-subset=300",
+                                     "--batch-size=64",
+                                     "--threads=1",
+                                     "--epochs",
+                                     "2",
+                                     "--progress-lines=1"};
+    args.insert(args.end(), c.trust_flags.begin(), c.trust_flags.end());
+    RunResult r = run_kolorun(args, seconds(120));
+    const std::string& optimizer = c.optimizer;
     ASSERT_FALSE(r.timed_out) << r.out << r.err;
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     EXPECT_NE(r.out.find("  " + optimizer + " lr "), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find("over 0.5 warmup epoch(s), then cosine"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("over 0.5 warmup epoch(s), then cosine to 0.001"), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find(c.banner), std::string::npos) << r.out;
     const auto accuracy = values_after(r.out, "test accuracy");
     ASSERT_EQ(accuracy.size(), 2u) << r.out;
     EXPECT_GT(accuracy[1], 0.5) << optimizer << "\n" << r.out;
+  }
+}
+
+// The layer-wise optimizers' options given to the wrong optimizer, inverted
+// trust-ratio bounds, or a floor without the cosine decay are refused by
+// name before training starts.
+TEST_F(FashionMnistExample, TrustRatioAndFloorFlagsOutOfPlaceAreClearErrors) {
+  struct Case {
+    std::vector<std::string> flags;
+    std::string message;
+  };
+  for (const Case& c : {
+           Case{{"--optimizer=lamb", "--trust-clip"}, "--trust-clip set kolo::LARS"},
+           Case{{"--optimizer=adam", "--trust-coefficient=0.01"}, "--trust-clip set kolo::LARS"},
+           Case{{"--optimizer=lars", "--min-trust-ratio=0.1"}, "--max-trust-ratio set kolo::LAMB"},
+           Case{{"--optimizer=lamb", "--min-trust-ratio=2", "--max-trust-ratio=1"},
+                "--min-trust-ratio 2 is above --max-trust-ratio 1"},
+           Case{{"--min-lr=0.001"}, "--min-lr is the floor of --lr-decay cosine"},
+       }) {
+    std::vector<std::string> args = {"-np", "1", example_path()};
+    args.insert(args.end(), c.flags.begin(), c.flags.end());
+    RunResult r = run_kolorun(args, seconds(60));
+    EXPECT_EQ(r.exit_code, 2) << c.message << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
   }
 }
 
