@@ -239,6 +239,23 @@ class PeerMonitor {
     std::lock_guard<std::mutex> lock(mutex_);
     return broken_peer_;
   }
+  // The peers a gloo message `text` points at: the one whose end of a pair
+  // it prints, else every peer at the address it prints (gloo sometimes
+  // prints a connection end that was never published: seen across test
+  // hosts), else none. addresses_ never changes: no lock needed.
+  std::vector<int> peers_named_in(const std::string& text) const {
+    const int exact = peer_in(text);
+    if (exact >= 0) return {exact};
+    std::vector<int> peers;
+    const size_t close = text.find("]:");  // "[ip]:port", after any "[file:line] "
+    const size_t open = close == std::string::npos ? close : text.rfind('[', close);
+    if (open == std::string::npos) return peers;
+    const std::string host = text.substr(open, close + 1 - open);  // "[ip]"
+    for (const auto& [address, rank] : addresses_) {
+      if (address.compare(0, host.size(), host) == 0) peers.push_back(rank);
+    }
+    return peers;
+  }
   // gloo's description of that failure ("" if none).
   std::string detail() const {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -1107,33 +1124,50 @@ class GlooCommunicator : public Communicator {
       fault_ranks_ = aborted.ranks;
       throw RuntimeFault(fault_, fault_ranks_);
     }
-    // The monitor knows which connection broke; the waited-on peer may be fine.
-    const int suspect =
-        error.timed_out || monitor_->broken_peer() < 0 ? error.peer : monitor_->broken_peer();
+    // Who broke: the peer the monitor saw fail, else the one gloo's own
+    // message names (the calling thread's wait can fail on a broken pair
+    // before the monitor's thread has seen it), else the waited-on peer,
+    // unless the message names another host than that peer's: then every
+    // peer on that host (ranks 0 and 1 blaming each other while rank 3 on
+    // the other host had died was seen across test hosts).
+    std::vector<int> suspects{error.peer};
+    if (!error.timed_out) {
+      const int broken = monitor_->broken_peer();
+      const std::vector<int> named =
+          broken >= 0 ? std::vector<int>{broken}
+                      : monitor_->peers_named_in(monitor_->detail().empty() ? error.detail
+                                                                            : monitor_->detail());
+      if (named.size() == 1 || std::find(named.begin(), named.end(), error.peer) == named.end()) {
+        if (!named.empty()) suspects = named;
+      }
+    }
     FaultReport cause;
     cause.timed_out = error.timed_out;
-    cause.ranks = {suspect};
+    cause.ranks = suspects;
     if (error.timed_out) {
       cause.text = "rank " + std::to_string(rank_) + " timed out after " +
                    std::to_string(deadline.timeout().count()) + " ms waiting for rank " +
-                   std::to_string(suspect);
-      if (monitor_->has_departed(suspect)) {
+                   std::to_string(error.peer);
+      if (monitor_->has_departed(error.peer)) {
         cause.text += ", which had destroyed its communicator (it did not make this call)";
       }
     } else {
       const std::string monitored = monitor_->detail();
       const std::string detail = without_location(monitored.empty() ? error.detail : monitored);
-      cause.text = "lost rank " + std::to_string(suspect) + " (" + detail + ")";
-      // This rank's own view goes out before it waits for the suspect's: gloo
+      cause.text = "lost rank " + join_ranks(suspects) + " (" + detail + ")";
+      // This rank's own view goes out before it waits for the suspects': gloo
       // can break this rank's other connections as soon as one fails, and a
       // survivor that sees that must find this view, not blame this rank
-      // (both waiting kReportWait for each other's report raced).
-      publish_report(cause);
-      if (auto relayed = read_report(suspect)) {
-        // The peer gave up first; blame what it blamed.
-        cause = *relayed;
-        if (cause.ranks.empty()) cause.ranks = {suspect};
-        cause.text += " (reported by rank " + std::to_string(suspect) + ")";
+      // (both waiting kReportWait for each other's report raced). A view
+      // that cannot tell which of several peers broke is not published: it
+      // would name live ranks.
+      if (suspects.size() == 1) publish_report(cause);
+      if (auto relayed = read_report(suspects)) {
+        // A suspect gave up first (it is alive); blame what it blamed.
+        const int reporter = relayed->first;
+        cause = relayed->second;
+        if (cause.ranks.empty()) cause.ranks = {reporter};
+        cause.text += " (reported by rank " + std::to_string(reporter) + ")";
       }
     }
     message += cause.text;
@@ -1160,26 +1194,28 @@ class GlooCommunicator : public Communicator {
     }
   }
 
-  // `peer`'s report, waiting up to kReportWait. A report that blames this
-  // rank is not taken (this rank is alive: the peer saw its connections go).
-  std::optional<FaultReport> read_report(int peer) {
-    if (peer < 0) return std::nullopt;
-    const std::string key = prefix_ + "fault/" + std::to_string(peer);
+  // The first report of one of `peers` that does not blame this rank (this
+  // rank is alive: the peer saw its connections go), with its author,
+  // waiting up to kReportWait for one.
+  std::optional<std::pair<int, FaultReport>> read_report(const std::vector<int>& peers) {
     const auto until = Clock::now() + kReportWait;
     try {
       while (true) {
-        if (store_->check({key})) {
+        for (int peer : peers) {
+          if (peer < 0 || peer == rank_) continue;
+          const std::string key = prefix_ + "fault/" + std::to_string(peer);
+          if (!store_->check({key})) continue;
           auto report = FaultReport::decode(to_string(store_->get(key, kReportWait)));
-          if (!report ||
+          if (report &&
               std::find(report->ranks.begin(), report->ranks.end(), rank_) == report->ranks.end()) {
-            return report;
+            return std::make_pair(peer, *report);
           }
         }
         if (Clock::now() >= until) return std::nullopt;
         std::this_thread::sleep_for(milliseconds(5));
       }
     } catch (const std::exception&) {
-      return std::nullopt;  // store gone too: blame the peer itself
+      return std::nullopt;  // store gone too: blame the suspects themselves
     }
   }
 

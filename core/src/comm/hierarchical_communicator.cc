@@ -495,17 +495,17 @@ class HierarchicalCommunicator : public Communicator {
 
   // The fault this rank reports, published for its peers: the view of a
   // blamed rank that gave up first (it is alive, and what it blamed is the
-  // cause) unless it blames this rank, else its own. Waits up to kReportWait
-  // per blamed rank that has not reported (a dead one never does). Must run
-  // before this rank aborts any part: a peer sees the abort as this rank
-  // failing and looks for this report within the same kReportWait.
+  // cause) unless it blames this rank, else its own. This rank's own view
+  // goes out first, before it waits up to kReportWait for the blamed ranks'
+  // (a dead one never reports): a peer that is itself waiting for this
+  // rank's report, or sees this rank's parts go, must find a view naming the
+  // rank that died, not give up and blame this one (the two waits raced).
+  // Must run before this rank aborts any part.
   PartFault settle(PartFault f) {
-    for (int blamed : std::vector<int>(f.ranks)) {
-      if (auto relayed = read_report(blamed)) {
-        f = *relayed;
-        f.text += " (reported by rank " + std::to_string(blamed) + ")";
-        break;
-      }
+    if (!f.ranks.empty()) publish_report(f);
+    if (auto relayed = read_report(f.ranks)) {
+      f = relayed->second;
+      f.text += " (reported by rank " + std::to_string(relayed->first) + ")";
     }
     publish_report(f);
     return f;
@@ -521,10 +521,14 @@ class HierarchicalCommunicator : public Communicator {
         ": " + f.text + kAdvice;
     broken_ = message;
     broken_ranks_ = f.ranks;
-    for (auto* part : {p_.local.get(), p_.cross.get(), p_.flat.get()}) {
-      part->abort("rank " + std::to_string(p_.rank) + " of the hierarchical communicator gave up",
-                  {});
-    }
+    // The flat part numbers ranks as this communicator does: its peers that
+    // see it go learn whom this rank blamed.
+    const std::string why =
+        "rank " + std::to_string(p_.rank) + " of the hierarchical communicator gave up";
+    p_.local->abort(why, {});
+    p_.cross->abort(why, {});
+    p_.flat->abort(
+        f.ranks.empty() ? why : why + ": rank(s) " + join(f.ranks) + " failed: " + f.text, f.ranks);
     if (f.timed_out) throw TimeoutError(message, f.ranks);
     throw RuntimeFault(message, f.ranks);
   }
@@ -558,18 +562,20 @@ class HierarchicalCommunicator : public Communicator {
     }
   }
 
-  std::optional<PartFault> read_report(int peer) {
-    if (!p_.store || peer == p_.rank) return std::nullopt;
+  // The first report of one of `peers` that names a rank and not this one
+  // (this rank is alive), with its author, waiting up to kReportWait.
+  std::optional<std::pair<int, PartFault>> read_report(const std::vector<int>& peers) {
+    if (!p_.store) return std::nullopt;
     const auto until = Clock::now() + kReportWait;
     try {
       while (true) {
-        if (p_.store->check({report_key(peer)})) {
+        for (int peer : peers) {
+          if (peer == p_.rank || !p_.store->check({report_key(peer)})) continue;
           auto f = decode(to_string(p_.store->get(report_key(peer), kReportWait)));
           if (f && !f->ranks.empty() &&
               std::find(f->ranks.begin(), f->ranks.end(), p_.rank) == f->ranks.end()) {
-            return f;
+            return std::make_pair(peer, *f);
           }
-          return std::nullopt;
         }
         if (Clock::now() >= until) return std::nullopt;
         std::this_thread::sleep_for(milliseconds(5));
