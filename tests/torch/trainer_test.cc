@@ -16,10 +16,16 @@
 //    checkpoint names the file, kIfPresent starts afresh.
 #include "kolo/torch/trainer.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -198,6 +204,42 @@ struct TrainerRun {
         *optimizer, options);
   }
 };
+
+// A CsvLogger whose path is not a regular file writes into it and leaves it
+// what it was: renaming its temporary file over /dev/null, run as root, had
+// made /dev/null a regular file for every process on the machine. A FIFO
+// stands in for the device (the test never touches /dev/null).
+TEST(Trainer, CsvLoggerWritesIntoAFifoAndLeavesItAFifo) {
+  torch::set_num_threads(1);
+  torch::manual_seed(43);
+  const Data data;
+  zt::ZeroNet initial;
+  testing::TempDir dir("kolo-trainer-fifo");
+  const std::string fifo = dir.file("log.fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  // Held open for reading and writing, the FIFO never blocks the logger's
+  // open, and its buffer (64 KiB) holds every row until they are read below.
+  const int fd = open(fifo.c_str(), O_RDWR | O_NONBLOCK);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  constexpr int kEpochs = 2;
+  run_with_engines(1, [&](int, Engine& engine) {
+    TrainerOptions options;
+    options.epochs = kEpochs;
+    options.batch_size = kBatch;
+    TrainerRun run(initial, engine, options);
+    run.trainer->add(std::make_shared<CsvLogger>(fifo));
+    run.trainer->fit(data.set());
+    ot::finish(engine);
+  });
+  std::string received(4096, '\0');
+  const ssize_t got = read(fd, received.data(), received.size());
+  close(fd);
+  received.resize(got > 0 ? static_cast<size_t>(got) : 0);
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
+  EXPECT_FALSE(std::filesystem::exists(fifo + ".tmp"));
+  EXPECT_EQ(received.rfind("epoch,accuracy,loss\n0,", 0), 0u) << received;
+  EXPECT_EQ(std::count(received.begin(), received.end(), '\n'), kEpochs + 1) << received;
+}
 
 TEST(Trainer, BalancedFitEqualsOneProcessOnEachGlobalBatch) {
   torch::set_num_threads(1);

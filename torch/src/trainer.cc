@@ -434,6 +434,20 @@ void CsvLogger::on_epoch_end(Trainer& trainer, int64_t epoch, Logs& logs) {
   rows_.push_back(row);
   std::string header = "epoch";
   for (const std::string& name : columns_) header += "," + name;
+  // A path that is not a regular file (/dev/null, /dev/stdout, a FIFO) is
+  // written in place, a row at a time: renaming the temporary file over it
+  // would replace it (run as root, /dev/null itself became a regular file).
+  std::error_code status_error;
+  const auto status = std::filesystem::status(path_, status_error);
+  if (!status_error && std::filesystem::exists(status) &&
+      !std::filesystem::is_regular_file(status)) {
+    std::ofstream out(path_, std::ios::app);
+    if (rows_.size() == 1) out << header << "\n";
+    out << row << "\n";
+    out.flush();
+    if (!out) throw ContractError("kolo::CsvLogger: cannot write '" + path_ + "'");
+    return;
+  }
   const std::string tmp = path_ + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);

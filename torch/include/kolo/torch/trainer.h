@@ -308,7 +308,9 @@ class ProgressBar : public Callback {
 
 // keras.callbacks.CSVLogger on rank 0: one row per epoch ("epoch" and the
 // logs' keys, sorted), the header first; the file is rewritten whole after
-// each epoch (written to a temporary file and renamed).
+// each epoch (written to a temporary file and renamed). A path that exists
+// and is not a regular file (/dev/stdout, /dev/null, a FIFO) gets the header
+// and then one row per epoch, written in place.
 class CsvLogger : public Callback {
  public:
   explicit CsvLogger(std::string path) : path_(std::move(path)) {}
