@@ -329,12 +329,29 @@ int launch(const LaunchOptions& options) {
   supervisor_options.grace_seconds = options.grace_seconds;
   supervisor_options.job_timeout_seconds = options.job_timeout_seconds;
   supervisor_options.signal_fd = signal_fd;
+  const std::vector<std::string> parent_environ = current_environ();
+  const ParentEnv parent = process_parent_env();
+  const std::string cwd = working_directory();
+  if (options.servers > 0) {
+    supervisor_options.ps_workers = world_size - options.servers;
+    supervisor_options.restart_workers = options.restart_workers;
+    // A restarted worker: the same placement and variables, plus its
+    // generation, which makes it rejoin instead of forming the world.
+    supervisor_options.restart = [&](int rank, int generation) {
+      JobInfo rejoin = job;
+      rejoin.extra.push_back({"KOLO_PS_REJOIN", std::to_string(generation)});
+      const Placement& placement = plan.placements[rank];
+      SpawnRequest request =
+          worker_request(plan, options, placement, rejoin, parent_environ, parent, cwd);
+      if (options.verbose)
+        std::cerr << describe_request(placement, request, parent_environ) << "\n";
+      return WorkerProcess{placement.rank, placement.host, !placement.local,
+                           spawn_process(request)};
+    };
+  }
   Outcome outcome;
   {
     Supervisor supervisor(supervisor_options, *output);
-    const std::vector<std::string> parent_environ = current_environ();
-    const ParentEnv parent = process_parent_env();
-    const std::string cwd = working_directory();
     for (const auto& placement : plan.placements) {
       if (supervisor.stopping()) break;
       SpawnRequest request =

@@ -158,6 +158,11 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
                  "Parameter servers: start S ranks after the -np workers, which serve "
                  "(KOLO_PS_SERVERS=S; kolo/torch/parameter_server.h)")
       ->type_name("S");
+  std::string restart_workers_text;
+  app.add_option("--restart-workers", restart_workers_text,
+                 "With --servers: restart a worker that fails, at most N times in all; it "
+                 "rejoins the running servers (modes async and ssp; KOLO_PS_REJOIN)")
+      ->type_name("N");
   app.add_option("-H,--hosts", o.hosts,
                  "Hosts and their slots, in rank order: host1:slots,host2:slots "
                  "(localhost, 127.0.0.1 and this host's name run locally; others over ssh)")
@@ -263,6 +268,19 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       throw UsageError("--servers " + servers_text +
                        " needs -np: say how many workers to start besides the servers, e.g. "
                        "kolorun -np 2 --servers 1 ./train");
+    }
+  }
+  if (!restart_workers_text.empty()) {
+    o.restart_workers = parse_whole("--restart-workers", restart_workers_text, 0, "restarts",
+                                    "--restart-workers 3");
+    if (o.servers == 0) {
+      throw UsageError("--restart-workers " + restart_workers_text +
+                       " restarts parameter-server workers, which rejoin the running servers: "
+                       "add --servers S (an allreduce job re-forms instead: --min-np/--max-np)");
+    }
+    if (o.backend == "mpi") {
+      throw UsageError("--restart-workers cannot run with --backend mpi: an MPI world cannot "
+                       "take a new process; use shm or gloo (or leave --backend out)");
     }
   }
   if (!min_np_text.empty()) o.min_np = parse_count("--min-np", min_np_text, "--min-np 2");

@@ -27,6 +27,10 @@ struct LaunchOptions {
   // --servers S: parameter servers started after the np workers given; once
   // parsed, np counts them too and forward_env carries KOLO_PS_SERVERS=S.
   int servers = 0;
+  // --restart-workers N (with --servers): a failed worker is restarted, at
+  // most N times in all, with KOLO_PS_REJOIN=g (its g-th restart), and
+  // rejoins the running servers (kolo/core/parameter_server.h).
+  int restart_workers = 0;
   std::string hosts;  // -H as given; empty = every worker on this host
   // "shm", "gloo", "mpi" or empty (automatic, KOLO_BACKEND not set).
   std::string backend;

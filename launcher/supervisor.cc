@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <system_error>
 
 #include "spawn.h"
 #include "worker_env.h"
@@ -87,7 +88,11 @@ void Supervisor::poll_once() {
 }
 
 Outcome Supervisor::run() {
-  while (!pool_.all_exited()) pool_.step(until_job_timeout());
+  for (;;) {
+    start_restarts();
+    if (pool_.all_exited()) break;
+    pool_.step(until_job_timeout());
+  }
   pool_.finish();
   return outcome();
 }
@@ -116,11 +121,51 @@ void Supervisor::on_signal(int signal_number) {
 }
 
 void Supervisor::on_exit(const PoolWorker& worker) {
+  if (failed(worker.status) && !stopping_ && worker.id < options_.ps_workers &&
+      restarts_ < options_.restart_workers && options_.restart) {
+    restarts_ += 1;
+    std::fprintf(stderr,
+                 "kolorun: %s %s; restarting it to rejoin the parameter servers (restart %d of "
+                 "--restart-workers %d)\n",
+                 describe_rank(worker).c_str(), describe_status(worker.status).c_str(), restarts_,
+                 options_.restart_workers);
+    std::fflush(stderr);
+    pending_restarts_.push_back(worker.id);
+    return;
+  }
   if (failed(worker.status) && !stopping_) {
     cause_ = Cause::kFailure;
     cause_rank_ = worker.id;
     begin_stop(SIGTERM);
   }
+}
+
+void Supervisor::start_restarts() {
+  std::vector<int> ranks;
+  ranks.swap(pending_restarts_);
+  for (int rank : ranks) {
+    if (stopping_) return;
+    if (generations_.size() <= static_cast<size_t>(rank)) generations_.resize(rank + 1, 0);
+    const int generation = ++generations_[rank];
+    try {
+      add(options_.restart(rank, generation));
+    } catch (const std::system_error& e) {
+      start_failed(rank, e.what());
+    }
+  }
+}
+
+std::string Supervisor::describe_rank(const PoolWorker& info) const {
+  std::string role;
+  if (options_.ps_workers > 0) {
+    role = info.id < options_.ps_workers
+               ? "worker " + std::to_string(info.id)
+               : "parameter server " + std::to_string(info.id - options_.ps_workers);
+    role += "; ";
+  }
+  return "rank " + std::to_string(info.id) + " (" + role + "pid " +
+         std::to_string(info.process.pid) + (info.remote ? ", ssh to " : " on ") + info.host +
+         ")";
 }
 
 void Supervisor::begin_stop(int signal_number) {
@@ -135,9 +180,7 @@ std::string Supervisor::describe_failure() const {
   const PoolWorker* worker = pool_.find(cause_rank_);
   if (worker == nullptr) return "kolorun: rank " + std::to_string(cause_rank_) + " failed";
   const PoolWorker& info = *worker;
-  std::string line = "kolorun: rank " + std::to_string(info.id) + " (pid " +
-                     std::to_string(info.process.pid) + (info.remote ? ", ssh to " : " on ") +
-                     info.host + ") " + describe_status(worker->status);
+  std::string line = "kolorun: " + describe_rank(info) + " " + describe_status(worker->status);
   if (info.remote && WIFEXITED(worker->status)) {
     int code = WEXITSTATUS(worker->status);
     if (code == 255) line += " (ssh's code for a failed connection or a remote signal)";

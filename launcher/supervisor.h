@@ -10,11 +10,18 @@
 // by closing its ssh's stdin (see ssh_command.h) and SIGKILL of ssh after the
 // grace. When a worker exits, whatever is left in its process group is
 // SIGKILLed: no orphans. run() returns only when every worker has been reaped.
+//
+// Parameter-server jobs (--servers): reports name each rank's role ("rank 2
+// (parameter server 0; pid ...)"). With --restart-workers N, a worker (not a
+// server) that fails while the job is not stopping is started again instead,
+// at most N times in all, through SupervisorOptions::restart; the job then
+// fails only when a failure finds the budget spent.
 #pragma once
 
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,6 +45,14 @@ struct SupervisorOptions {
   // A signalfd reporting SIGCHLD, SIGINT, SIGTERM and SIGHUP, which the caller
   // has blocked in every thread.
   int signal_fd = -1;
+  // Parameter-server jobs: ranks below ps_workers are workers, the others
+  // servers. 0: not a parameter-server job.
+  int ps_workers = 0;
+  // --restart-workers: restarts of failed workers (ranks < ps_workers), in all.
+  int restart_workers = 0;
+  // Starts rank `rank` again as its `generation`-th restart; throws
+  // std::system_error when it cannot (the job then stops).
+  std::function<WorkerProcess(int rank, int generation)> restart;
 };
 
 struct Outcome {
@@ -69,6 +84,10 @@ class Supervisor {
   enum class Cause { kNone, kFailure, kSignal, kJobTimeout, kStartFailure };
 
   void on_exit(const PoolWorker& worker);
+  // Starts the restarts on_exit() queued (not from inside the pool's reaping).
+  void start_restarts();
+  // "rank 2 (parameter server 0; pid 7 on host)" / "rank 1 (pid 7 on host)".
+  std::string describe_rank(const PoolWorker& worker) const;
   void on_signal(int signal_number);
   void begin_stop(int signal_number);
   std::optional<Clock::duration> until_job_timeout();
@@ -85,6 +104,9 @@ class Supervisor {
   int cause_signal_ = 0;     // kSignal
   std::string start_error_;  // kStartFailure
   int workers_at_stop_ = 0;  // running workers when the stop began
+  int restarts_ = 0;                 // restarts started or queued
+  std::vector<int> generations_;     // per rank: its restarts so far
+  std::vector<int> pending_restarts_;  // ranks to start again
 };
 
 // "exited with code 3" / "killed by signal 9 (SIGKILL)" for a wait status.

@@ -47,6 +47,7 @@ const std::vector<std::pair<std::string, std::string>>& launcher_variables() {
       {"KOLO_WORKER_ID", "each elastic worker's id"},
       {"KOLO_ELASTIC_HOST", "each elastic worker's host"},
       {"KOLO_ELASTIC_TIMEOUT_SECONDS", "the elastic join timeout (--elastic-timeout)"},
+      {"KOLO_PS_REJOIN", "a restarted parameter-server worker's restart count (--restart-workers)"},
   };
   return names;
 }

@@ -59,15 +59,15 @@ void WorkerPool::add(int id, const std::string& host, bool remote, const Spawned
 }
 
 PoolWorker* WorkerPool::find_mutable(int id) {
-  for (auto& worker : workers_) {
-    if (worker.id == id) return &worker;
+  for (auto it = workers_.rbegin(); it != workers_.rend(); ++it) {
+    if (it->id == id) return &*it;
   }
   return nullptr;
 }
 
 const PoolWorker* WorkerPool::find(int id) const {
-  for (const auto& worker : workers_) {
-    if (worker.id == id) return &worker;
+  for (auto it = workers_.rbegin(); it != workers_.rend(); ++it) {
+    if (it->id == id) return &*it;
   }
   return nullptr;
 }

@@ -73,7 +73,9 @@ class WorkerPool {
   void set_exit_callback(ExitCallback callback) { on_exit_ = std::move(callback); }
   void set_signal_callback(SignalCallback callback) { on_signal_ = std::move(callback); }
 
-  // A started worker; the pool now owns its descriptors. `id` must be new.
+  // A started worker; the pool now owns its descriptors. `id` must be new,
+  // or its earlier worker must have exited (a restart: find() then gives
+  // the newest).
   void add(int id, const std::string& host, bool remote, const SpawnedProcess& process);
 
   void stop(int id, int signal_number = SIGTERM);

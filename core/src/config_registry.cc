@@ -68,6 +68,11 @@ const std::vector<ConfigVar>& config_registry() {
        "Parameter server: the last this-many ranks of the job are servers, the others workers "
        "(set by `kolorun --servers S`; set it yourself under mpirun) (>= 0, <= 65536); 0 = no "
        "servers."},
+      {"KOLO_PS_REJOIN", ConfigType::kInt, "0", "",
+       "Parameter server: set by `kolorun --restart-workers N` on a worker it restarted into a "
+       "running asynchronous job: the how-many-th restart of that worker it is (>= 0, <= 1000000); the "
+       "runtime then builds no world communicator and kolo::ps::connect() rejoins the servers. "
+       "0 = a first start."},
       // --- Communicators ---
       {"KOLO_BACKEND", ConfigType::kChoice, "auto", "auto|shm|gloo|mpi",
        "Communicator backend. auto: mpi under mpirun/srun, shm when all ranks share a host, "

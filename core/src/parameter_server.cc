@@ -5,10 +5,12 @@
 #include <climits>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 #include "kolo/core/errors.h"
 #include "kolo/core/runtime.h"
 #include "kolo/core/split.h"
+#include "kolo/core/store.h"
 
 namespace kolo::ps {
 
@@ -117,7 +119,7 @@ std::vector<int64_t> Header::encode() const {
 Header Header::decode(const int64_t* words, const std::string& source) {
   Header h;
   const int64_t kind = words[0];
-  if (kind < static_cast<int64_t>(Kind::kHello) || kind > static_cast<int64_t>(Kind::kSparsePush)) {
+  if (kind < static_cast<int64_t>(Kind::kHello) || kind > static_cast<int64_t>(Kind::kRejoin)) {
     throw ContractError(source + ": not a parameter-server message (kind " + std::to_string(kind) +
                         "); is the peer running the same kolo?");
   }
@@ -151,6 +153,8 @@ ServerClocks::ServerClocks(int workers, Mode mode, int max_staleness)
                         std::to_string(max_staleness));
   }
   stats_.counts.assign(kStalenessBins, 0);
+  stats_.worker_updates.assign(workers, 0);
+  stats_.rejoins.assign(workers, 0);
 }
 
 int64_t ServerClocks::slowest_live_clock() const {
@@ -194,6 +198,7 @@ bool ServerClocks::pushed(int worker, int64_t clock) {
   clocks_[worker] = clock + 1;
   const int64_t staleness = read_at_[worker];
   stats_.updates += 1;
+  stats_.worker_updates[worker] += 1;
   stats_.max_staleness = std::max(stats_.max_staleness, staleness);
   stats_.counts[std::min<size_t>(static_cast<size_t>(staleness), kStalenessBins - 1)] += 1;
   if (mode_ != Mode::kSync) return false;
@@ -216,9 +221,16 @@ void ServerClocks::round_applied() {
 
 void ServerClocks::left(int worker) { live_[worker] = false; }
 
+int64_t ServerClocks::rejoin_clock(int worker) const {
+  const int64_t slowest = slowest_live_clock();
+  return slowest == INT64_MAX ? clocks_[worker] : slowest;
+}
+
 void ServerClocks::rejoined(int worker, int64_t clock) {
   live_[worker] = true;
   clocks_[worker] = clock;
+  read_at_[worker] = 0;
+  stats_.rejoins[worker] += 1;
 }
 
 void ServerClocks::resume(int64_t step) {
@@ -228,21 +240,117 @@ void ServerClocks::resume(int64_t step) {
 
 // ---- links ----
 
+namespace {
+
+// The store keys of rejoining (under LinkOptions::name): a worker's
+// announced generation, a server's acceptance of it, a server's end.
+struct RejoinKeys {
+  std::string base;
+  std::string announced(int worker) const { return base + "/w" + std::to_string(worker); }
+  std::string accepted(int worker, int64_t generation, int server) const {
+    return announced(worker) + "/g" + std::to_string(generation) + "/s" + std::to_string(server);
+  }
+  std::string closed(int server) const { return base + "/closed/s" + std::to_string(server); }
+};
+
+// The link's name in the store: generation 0 is the job's first start.
+std::string link_name(const LinkOptions& options, int server, int worker, int64_t generation) {
+  return options.name + "/s" + std::to_string(server) + "w" + std::to_string(worker) +
+         (generation > 0 ? "/r" + std::to_string(generation) : "");
+}
+
+std::chrono::milliseconds runtime_timeout(const Runtime& runtime) {
+  return std::chrono::milliseconds(
+      static_cast<int64_t>(runtime.config().get_double("KOLO_TIMEOUT_SECONDS") * 1000.0));
+}
+
+std::shared_ptr<RejoinChannel> server_channel(Runtime& runtime, const Roles& roles,
+                                              const LinkOptions& options) {
+  std::shared_ptr<Store> store = runtime.store();
+  if (!store) return nullptr;  // mpi without a store: a lost worker stays lost
+  const RejoinKeys keys{options.name + "/rejoin"};
+  const int server = roles.server_index();
+  auto channel = std::make_shared<RejoinChannel>();
+  channel->announced = [store, keys](int worker) -> int64_t {
+    const std::string key = keys.announced(worker);
+    if (!store->check({key})) return 0;
+    return std::strtoll(to_string(store->get(key, std::chrono::seconds(10))).c_str(), nullptr, 10);
+  };
+  channel->accept = [&runtime, store, keys, roles, options, server](int worker,
+                                                                    int64_t generation) {
+    store->set(keys.accepted(worker, generation, server), to_bytes("1"));
+    return runtime.group_communicator({worker, roles.rank},
+                                      link_name(options, server, worker, generation));
+  };
+  channel->close = [store, keys, server] { store->set(keys.closed(server), to_bytes("1")); };
+  return channel;
+}
+
+// A restarted worker's links: announce, wait for every server's answer,
+// then build the links of this generation.
+Links rejoin(Runtime& runtime, const Roles& roles, const LinkOptions& options,
+             int64_t generation) {
+  const std::shared_ptr<Store>& store = runtime.store();
+  const RejoinKeys keys{options.name + "/rejoin"};
+  const int self = roles.rank;
+  const std::string who = "kolo::ps::connect: worker " + std::to_string(self) + " (restart " +
+                          std::to_string(generation) + ")";
+  store->set(keys.announced(self), to_bytes(std::to_string(generation)));
+  const auto deadline = std::chrono::steady_clock::now() + runtime_timeout(runtime);
+  for (int s = 0; s < roles.servers; ++s) {
+    const std::string server = "parameter server " + std::to_string(s) + " (world rank " +
+                               std::to_string(roles.server_rank(s)) + ")";
+    for (;;) {
+      if (store->check({keys.accepted(self, generation, s)})) break;
+      if (store->check({keys.closed(s)})) {
+        throw RuntimeFault(who + ": " + server +
+                               " has already ended (every other worker had finished or left, "
+                               "or it stopped), so there is no job to rejoin",
+                           {roles.server_rank(s)});
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        throw TimeoutError(who + ": " + server +
+                               " did not accept the restarted worker within KOLO_TIMEOUT_SECONDS; "
+                               "is it running in mode async or ssp (sync servers stop when a "
+                               "worker dies)?",
+                           {roles.server_rank(s)});
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  Links links;
+  links.roles = roles;
+  links.generation = generation;
+  for (int s = 0; s < roles.servers; ++s) {
+    links.peers.push_back(runtime.group_communicator({self, roles.server_rank(s)},
+                                                     link_name(options, s, self, generation)));
+  }
+  return links;
+}
+
+}  // namespace
+
 Links connect(Runtime& runtime, const Roles& roles, const LinkOptions& options) {
+  const int64_t generation = runtime.config().get_int("KOLO_PS_REJOIN");
+  if (generation > 0 && !roles.is_server()) return rejoin(runtime, roles, options, generation);
+  if (generation > 0) {
+    throw ContractError("kolo::ps::connect: rank " + std::to_string(roles.rank) +
+                        " is a server but KOLO_PS_REJOIN is set: only workers can be restarted "
+                        "into a running job (kolorun --restart-workers)");
+  }
   Links links;
   links.roles = roles;
   const int self = roles.rank;
   if (roles.is_server()) {
+    links.rejoin = server_channel(runtime, roles, options);
     for (int w = 0; w < roles.workers; ++w) {
-      links.peers.push_back(runtime.group_communicator(
-          {w, self},
-          options.name + "/s" + std::to_string(roles.server_index()) + "w" + std::to_string(w)));
+      links.peers.push_back(
+          runtime.group_communicator({w, self}, link_name(options, roles.server_index(), w, 0)));
     }
   } else {
     for (int s = 0; s < roles.servers; ++s) {
-      links.peers.push_back(runtime.group_communicator(
-          {self, roles.server_rank(s)},
-          options.name + "/s" + std::to_string(s) + "w" + std::to_string(self)));
+      links.peers.push_back(
+          runtime.group_communicator({self, roles.server_rank(s)}, link_name(options, s, self, 0)));
     }
   }
   return links;

@@ -140,7 +140,10 @@ Runtime::Runtime(const InitOptions& options) {
   if (raw_store && options.store_prefix) {
     store_ = make_prefix_store(raw_store, *options.store_prefix);
   } else if (raw_store) {
-    const int64_t generation = raw_store->add("kolo/inits/" + std::to_string(topology_.rank), 1);
+    // A rejoining worker (KOLO_PS_REJOIN) joins the world its first start
+    // initialised in: the same generation, not a new one.
+    const int64_t generation = raw_store->add("kolo/inits/" + std::to_string(topology_.rank),
+                                              config_.get_int("KOLO_PS_REJOIN") > 0 ? 0 : 1);
     store_ = make_prefix_store(raw_store, "kolo/init" + std::to_string(generation));
   }
 
@@ -228,9 +231,26 @@ Runtime::Runtime(const InitOptions& options) {
   comm.host_name = this_host_name(config_);
   comm.hierarchical = config_.get_string("KOLO_HIERARCHICAL");
   comm.rank_hosts = rank_hosts;
-  world_ = make_communicator(backend, comm);
   backend_ = backend;
   world_options_ = comm;
+  if (config_.get_int("KOLO_PS_REJOIN") > 0) {
+    // A worker restarted into a running parameter-server job (kolorun
+    // --restart-workers): the others built the world long ago and will not
+    // do it again, so this rank has none; kolo::ps::connect() builds its
+    // links to the servers through the store (group_communicator()).
+    if (topology_.size < 2 || !store_ || backend == "mpi") {
+      throw ContractError(
+          "kolo::init: KOLO_PS_REJOIN is set (a worker restarted by kolorun --restart-workers), "
+          "which needs a job of several ranks with kolorun's rendezvous store and the shm or "
+          "gloo backend; do not set it yourself");
+    }
+    logger.info("rank " + std::to_string(topology_.rank) + " of " +
+                std::to_string(topology_.size) + " rejoins a running parameter-server job "
+                "(restart " + std::to_string(config_.get_int("KOLO_PS_REJOIN")) +
+                "), backend " + backend + ", without a world communicator");
+    return;
+  }
+  world_ = make_communicator(backend, comm);
   if (world_->rank() != topology_.rank || world_->size() != topology_.size) {
     throw ContractError("kolo::init: backend '" + backend + "' reports rank " +
                         std::to_string(world_->rank()) + " of " + std::to_string(world_->size()) +
@@ -326,9 +346,23 @@ Runtime::~Runtime() {
   store_server_.reset();
 }
 
+Communicator& Runtime::world() {
+  if (!world_) throw ContractError(no_world("world()"));
+  return *world_;
+}
+
+std::string Runtime::no_world(const std::string& call) const {
+  return "kolo::Runtime::" + call + ": rank " + std::to_string(topology_.rank) +
+         " rejoined a running parameter-server job (KOLO_PS_REJOIN, kolorun --restart-workers) "
+         "and has no world communicator: the other ranks built theirs before it came back. A "
+         "rejoining worker talks to the servers only (kolo::ps::connect()); keep collectives "
+         "out of parameter-server programs";
+}
+
 Engine& Runtime::engine() {
   std::lock_guard<std::mutex> lock(engine_mutex_);
   if (engine_) return *engine_;
+  if (!world_) throw ContractError(no_world("engine()"));
   EngineOptions options = EngineOptions::from_config(config_);
   // A rank frozen for the engine is frozen for the world communicator too
   // (it outlives the engine: ~Runtime resets the engine first).
@@ -364,6 +398,7 @@ EngineCommunicators Runtime::replica_communicators(const std::string& prefix, in
         std::string(backend_.empty() ? "ranks as threads" : "mpi (whose members are processes)") +
         "; start the job with kolorun (or KOLO_BACKEND=shm|gloo), or run one process");
   }
+  if (!world_) throw ContractError(no_world("replica_communicators()"));
   if (replicas < 1 || replica < 0 || replica >= replicas) {
     throw ContractError("kolo in-process replicas: replica " + std::to_string(replica) + " of " +
                         std::to_string(replicas) + " does not exist");

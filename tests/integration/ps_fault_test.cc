@@ -3,7 +3,10 @@
 //    worker (the torch tier's PsUnderKolorun, run by every rank), never a
 //    hang, and kolorun exits non-zero naming the dead rank;
 //  - the example (--strategy ps-async) with its server killed from outside
-//    ends within a bounded time, kolorun non-zero and naming the server's rank.
+//    ends within a bounded time, kolorun non-zero and naming the server's rank;
+//  - a worker SIGKILLed mid-training under --restart-workers is restarted,
+//    rejoins the async job, and the job succeeds with its updates resumed;
+//    without restarts left, the same death fails the job.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -34,8 +37,50 @@ TEST(PsFaultUnderKolorun, AKilledServerIsAnErrorNamingItOnEveryWorker) {
   EXPECT_EQ(count_of(r.out, "ps under kolorun: worker 0 at step"), 1u) << r.out;
   EXPECT_EQ(count_of(r.out, "ps under kolorun: worker 1 at step"), 1u) << r.out;
   EXPECT_EQ(count_of(r.out, "[  PASSED  ] 1 test."), 2u) << r.out << r.err;
-  EXPECT_NE(r.err.find("kolorun: rank 2 (pid"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("kolorun: rank 2 (parameter server 0; pid"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("killed by signal 9"), std::string::npos) << r.err;
+}
+
+// Worker 1 SIGKILLs itself mid-training (the torch tier's
+// PsUnderKolorun.AKilledWorkerRejoinsTheAsyncJob); kolorun restarts it, it
+// rejoins the running server, and the job succeeds, the server counting
+// worker 1's pushes before and after.
+TEST(PsFaultUnderKolorun, AKilledWorkerIsRestartedAndRejoins) {
+  if (access(torch_tests_path().c_str(), X_OK) != 0) {
+    GTEST_SKIP() << torch_tests_path() << " is not built (kolo_torch needs libtorch-dev)";
+  }
+  const RunResult r = run_kolorun(
+      {"-np", "2", "--servers", "1", "--restart-workers", "1", "--timeout", "60",
+       torch_tests_path(), "--gtest_filter=PsUnderKolorun.AKilledWorkerRejoinsTheAsyncJob"},
+      seconds(240));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("kolorun: rank 1 (worker 1; pid"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("killed by signal 9 (SIGKILL); restarting it to rejoin the parameter "
+                       "servers (restart 1 of --restart-workers 1)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(count_of(r.out, "ps rejoin: worker 1 dies at step 20"), 1u) << r.out;
+  EXPECT_EQ(count_of(r.out, "ps rejoin: worker 1 (restart 1) continues at step"), 1u) << r.out;
+  EXPECT_EQ(count_of(r.out, "ps rejoin: server 0: worker 1 pushed 40, rejoined 1 time(s)"), 1u)
+      << r.out;
+  // Worker 0, the server and the restarted worker 1 passed.
+  EXPECT_EQ(count_of(r.out, "[  PASSED  ] 1 test."), 3u) << r.out << r.err;
+}
+
+// The budget spent: a worker that fails again is the job's failure.
+TEST(PsFaultUnderKolorun, RestartsBeyondTheBudgetFailTheJob) {
+  if (access(torch_tests_path().c_str(), X_OK) != 0) {
+    GTEST_SKIP() << torch_tests_path() << " is not built (kolo_torch needs libtorch-dev)";
+  }
+  const RunResult r = run_kolorun(
+      {"-np", "2", "--servers", "1", "--restart-workers", "0", "--timeout", "60",
+       torch_tests_path(), "--gtest_filter=PsUnderKolorun.AKilledWorkerRejoinsTheAsyncJob"},
+      seconds(240));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(r.err.find("restarting it"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("kolorun: rank 1 (worker 1; pid"), std::string::npos) << r.err;
 }
 
 TEST(PsFaultUnderKolorun, TheExampleWithItsServerKilledStops) {
@@ -57,7 +102,7 @@ TEST(PsFaultUnderKolorun, TheExampleWithItsServerKilledStops) {
   const RunResult r = job.wait(seconds(120));
   ASSERT_FALSE(r.timed_out) << r.out << r.err;
   EXPECT_NE(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.err.find("kolorun: rank 2 (pid " + std::to_string(server)), std::string::npos)
+  EXPECT_NE(r.err.find("kolorun: rank 2 (parameter server 0; pid " + std::to_string(server)), std::string::npos)
       << r.err;
   EXPECT_EQ(r.out.find("Test loss"), std::string::npos) << r.out;
 }

@@ -7,7 +7,10 @@
 //  - bounded staleness: no update is computed more than max_staleness steps
 //    ahead of the slowest worker, with one worker made slow;
 //  - mismatched models or modes are refused; a worker that dies does not stop
-//    an async server; a server that is gone is a RuntimeFault naming it.
+//    an async server, which never waits for it to come back once the others
+//    are done; a dead worker restarted over new links rejoins an async or ssp
+//    job and its updates resume (a sync job refuses it); a server that is
+//    gone is a RuntimeFault naming it.
 #include "kolo/torch/parameter_server.h"
 
 #include <gtest/gtest.h>
@@ -261,7 +264,9 @@ TEST(PsSsp, StalenessNeverExceedsTheBound) {
       int64_t counted = 0;
       for (size_t k = 0; k < st.counts.size(); ++k) {
         counted += st.counts[k];
-        if (static_cast<int64_t>(k) > bound) EXPECT_EQ(st.counts[k], 0) << "staleness " << k;
+        if (static_cast<int64_t>(k) > bound) {
+          EXPECT_EQ(st.counts[k], 0) << "staleness " << k;
+        }
       }
       EXPECT_EQ(counted, st.updates);
     }
@@ -313,12 +318,24 @@ TEST(PsErrors, MismatchedModelIsRefused) {
 
 // Worker 1 vanishes (its links are destroyed, as a dead process's are) after
 // two steps; the async server goes on with worker 0 and records the loss.
+// The server can take restarted workers (a rejoin channel), but none comes:
+// it ends when worker 0 is done instead of waiting for worker 1.
 TEST(PsFaults, AsyncServerOutlivesADeadWorker) {
   torch::manual_seed(2);
   Mlp initial;
   auto models = copies(initial, 3);
   const std::vector<Batch> batches = ot::make_batches(1, kBatch);
   std::vector<Links> links = make_thread_links(2, 1, kTimeout);
+  std::atomic<int> asked{0};
+  links[2].rejoin = std::make_shared<RejoinChannel>();
+  links[2].rejoin->announced = [&asked](int) {
+    asked += 1;
+    return int64_t{0};
+  };
+  links[2].rejoin->accept = [](int, int64_t) -> std::unique_ptr<Communicator> {
+    throw std::logic_error("no worker announced a restart");
+  };
+  links[2].rejoin->close = [] {};
   std::unique_ptr<Server> server;
   const PsOptions options = options_of(Mode::kAsync);
   std::atomic<bool> died{false};
@@ -354,8 +371,133 @@ TEST(PsFaults, AsyncServerOutlivesADeadWorker) {
   });
   const Server::Stats stats = server->stats();
   EXPECT_EQ(stats.staleness.updates, 22);
+  EXPECT_EQ(stats.staleness.worker_updates, (std::vector<int64_t>{20, 2}));
+  EXPECT_EQ(stats.staleness.rejoins, (std::vector<int64_t>{0, 0}));
   ASSERT_EQ(stats.lost.size(), 1u);
   EXPECT_NE(stats.lost[0].find("worker 1"), std::string::npos) << stats.lost[0];
+}
+
+// Worker 1 dies after kBefore steps, as above, and comes back as its restart
+// 1 over new links (the channel kolo::ps::connect() builds from the store,
+// made here by hand for threads) with a fresh model: it continues from the
+// slowest live worker's step on every server alike, pulls the current
+// parameters and pushes kAfter more, while worker 0 trains on until then.
+// Parameter: max_staleness for ssp, -1 for async.
+class PsRejoin : public ::testing::TestWithParam<int> {};
+
+TEST_P(PsRejoin, ADeadWorkerRejoinsAndItsUpdatesResume) {
+  constexpr int kWorkers = 2, kServers = 2, kBefore = 5, kAfter = 5;
+  const PsOptions options =
+      GetParam() < 0 ? options_of(Mode::kAsync) : options_of(Mode::kSsp, GetParam());
+  torch::manual_seed(4);
+  Mlp initial;
+  auto models = copies(initial, kWorkers + kServers + 1);  // the last: the restarted worker's
+  const std::vector<Batch> batches = ot::make_batches(1, kBatch);
+  std::vector<Links> links = make_thread_links(kWorkers, kServers, kTimeout);
+  // Restart 1 of worker 1: a new pair per server.
+  std::vector<std::vector<std::unique_ptr<Communicator>>> pairs;
+  for (int s = 0; s < kServers; ++s) pairs.push_back(make_thread_communicators(2, kTimeout));
+  std::atomic<int64_t> announced{0};
+  for (int s = 0; s < kServers; ++s) {
+    auto channel = std::make_shared<RejoinChannel>();
+    channel->announced = [&announced](int worker) { return worker == 1 ? announced.load() : 0; };
+    channel->accept = [&pairs, s](int worker, int64_t generation) {
+      EXPECT_EQ(worker, 1);
+      EXPECT_EQ(generation, 1);
+      return std::move(pairs[s][kServerPeer]);
+    };
+    channel->close = [] {};
+    links[kWorkers + s].rejoin = channel;
+  }
+  std::vector<std::unique_ptr<Server>> servers(kServers);
+  std::atomic<bool> back_and_done{false};
+  int64_t continued_at = -1;
+  auto step = [&](Worker& w, Mlp& model) {
+    w.pull();
+    model.zero_grad();
+    ot::loss_of(model, batches[0].x, batches[0].y).backward();
+    w.push();
+  };
+  testing::run_ranks(kWorkers + kServers, [&](int rank) {
+    if (rank >= kWorkers) {
+      auto server = std::make_unique<Server>(models[rank]->named_parameters(),
+                                             factory_of(OptimizerKind::kSgd, 0.01),
+                                             std::move(links[rank]), options);
+      server->run();
+      servers[rank - kWorkers] = std::move(server);
+      return;
+    }
+    if (rank == 0) {
+      Worker w(models[0]->named_parameters(), std::move(links[0]), options);
+      const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+      while (!back_and_done && std::chrono::steady_clock::now() < deadline) step(w, *models[0]);
+      EXPECT_TRUE(back_and_done) << "worker 1 never came back";
+      w.finish();
+      return;
+    }
+    {
+      std::vector<Communicator*> own;
+      for (auto& peer : links[1].peers) own.push_back(peer.get());
+      Worker w(models[1]->named_parameters(), std::move(links[1]), options);
+      for (int i = 0; i < kBefore; ++i) step(w, *models[1]);
+      w.pull();  // answered after every push above was applied
+      for (Communicator* link : own) link->abort("worker 1 dies", {});
+    }
+    Links again;
+    again.roles = Roles{kWorkers, kServers, 1};
+    again.generation = 1;
+    for (int s = 0; s < kServers; ++s) again.peers.push_back(std::move(pairs[s][kWorkerPeer]));
+    announced = 1;
+    Mlp& fresh = *models[kWorkers + kServers];
+    Worker w(fresh.named_parameters(), std::move(again), options);
+    continued_at = w.clock();
+    for (int i = 0; i < kAfter; ++i) step(w, fresh);
+    back_and_done = true;
+    w.finish();
+  });
+  EXPECT_GE(continued_at, 0);
+  for (int s = 0; s < kServers; ++s) {
+    const Server::Stats stats = servers[s]->stats();
+    EXPECT_EQ(stats.staleness.rejoins, (std::vector<int64_t>{0, 1})) << "server " << s;
+    EXPECT_EQ(stats.staleness.worker_updates[1], kBefore + kAfter) << "server " << s;
+    EXPECT_GE(stats.staleness.worker_updates[0], 1) << "server " << s;
+    ASSERT_EQ(stats.lost.size(), 1u) << "server " << s;
+    EXPECT_NE(stats.lost[0].find("worker 1"), std::string::npos) << stats.lost[0];
+    if (GetParam() >= 0) {
+      EXPECT_LE(stats.staleness.max_staleness, GetParam()) << "server " << s;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AsyncAndSsp, PsRejoin, ::testing::Values(-1, 1),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param < 0 ? std::string("async") : std::string("ssp1");
+                         });
+
+// A restarted worker's hello reaches a sync server: refused on both sides
+// (a sync job stops when a worker dies, so it has nothing to rejoin).
+TEST(PsErrors, ASyncServerRefusesARestartedWorker) {
+  torch::manual_seed(1);
+  Mlp model;
+  std::vector<Links> links = make_thread_links(1, 1, kTimeout);
+  links[0].generation = 1;
+  std::unique_ptr<Server> server;
+  auto errors = testing::run_ranks_catching(2, [&](int rank) {
+    if (rank == 1) {
+      server = std::make_unique<Server>(model.named_parameters(),
+                                        factory_of(OptimizerKind::kSgd, 0.1), std::move(links[1]),
+                                        options_of(Mode::kSync));
+      server->run();
+    } else {
+      Worker w(model.named_parameters(), std::move(links[0]), options_of(Mode::kSync));
+    }
+  });
+  ASSERT_TRUE(errors[0]);
+  try {
+    std::rethrow_exception(errors[0]);
+  } catch (const ContractError& e) {
+    EXPECT_NE(std::string(e.what()).find("runs mode sync"), std::string::npos) << e.what();
+  }
 }
 
 TEST(PsFaults, AGoneServerIsARuntimeFaultNamingIt) {

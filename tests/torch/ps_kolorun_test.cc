@@ -1,5 +1,5 @@
 // The parameter server as real processes: run by tests/integration/ps_fault_test.cc as
-// `kolorun -np 2 --servers 1 kolo_torch_tests --gtest_filter=PsUnderKolorun.*`
+// `kolorun -np 2 --servers 1 [--restart-workers 1] kolo_torch_tests --gtest_filter=PsUnderKolorun.<one>`
 // (skipped when not launched with servers). Every process runs the test in
 // its role; the integration test checks what each of them printed.
 #include <gtest/gtest.h>
@@ -15,6 +15,7 @@
 
 #include "kolo/core/errors.h"
 #include "kolo/core/runtime.h"
+#include "kolo/core/store.h"
 #include "kolo/torch/parameter_server.h"
 #include "optimizer_harness.h"
 
@@ -88,6 +89,85 @@ TEST(PsUnderKolorun, AKilledServerIsAnErrorOnEveryWorker) {
     std::fflush(stdout);
   }
   // The job is broken: no kolo::shutdown() (its engine's world has a dead rank).
+}
+
+// Run as `kolorun -np 2 --servers 1 --restart-workers 1`: worker 1 SIGKILLs
+// itself in the middle of asynchronous training, after kBefore steps (and a
+// pull, so the server has applied all of them); kolorun restarts it with
+// KOLO_PS_REJOIN=1, and the new process rejoins the running server (its
+// kolo::init() builds no world), continues from the slowest live worker's
+// step and pushes kAfter more. Worker 0 trains until the store says the
+// restarted worker is done. The server's per-worker counts show worker 1's
+// updates resumed.
+TEST(PsUnderKolorun, AKilledWorkerRejoinsTheAsyncJob) {
+  if (!launched_with_servers()) GTEST_SKIP() << "run by tests/integration/ps_fault_test.cc";
+  constexpr int kBefore = 20, kAfter = 20;
+  init();
+  torch::manual_seed(3);
+  ot::Mlp model;
+  Links links = connect(runtime());
+  const Roles roles = links.roles;
+  const int64_t restart = links.generation;
+  PsOptions options;
+  options.mode = Mode::kAsync;
+  options.timeout = std::chrono::seconds(60);
+  const std::string done_key = "test/restarted_worker_done";
+  const std::shared_ptr<Store> store = runtime().store();
+  if (roles.is_server()) {
+    Server server(
+        model.named_parameters(),
+        [](std::vector<torch::Tensor> p) {
+          return ot::make_optimizer(ot::OptimizerKind::kSgd, std::move(p), 0.05);
+        },
+        std::move(links), options);
+    server.run();
+    const Server::Stats stats = server.stats();
+    std::printf("ps rejoin: server %d: worker 1 pushed %lld, rejoined %lld time(s); worker 0 "
+                "pushed %lld\n",
+                roles.server_index(), static_cast<long long>(stats.staleness.worker_updates[1]),
+                static_cast<long long>(stats.staleness.rejoins[1]),
+                static_cast<long long>(stats.staleness.worker_updates[0]));
+    std::fflush(stdout);
+    EXPECT_EQ(stats.staleness.worker_updates[1], kBefore + kAfter);
+    EXPECT_EQ(stats.staleness.rejoins, (std::vector<int64_t>{0, 1}));
+    ASSERT_EQ(stats.lost.size(), 1u);
+    EXPECT_NE(stats.lost[0].find("worker 1"), std::string::npos) << stats.lost[0];
+    shutdown();
+    return;
+  }
+  const ot::Batch batch = ot::make_batches(1, 8)[0];
+  Worker worker(model.named_parameters(), std::move(links), options);
+  auto step = [&] {
+    worker.pull();
+    model.zero_grad();
+    ot::loss_of(model, batch.x, batch.y).backward();
+    worker.push();
+  };
+  if (roles.worker_index() == 0) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
+    while (!store->check({done_key}) && std::chrono::steady_clock::now() < deadline) step();
+    EXPECT_TRUE(store->check({done_key})) << "the restarted worker never finished";
+    worker.finish();
+    shutdown();
+    return;
+  }
+  if (restart == 0) {
+    for (int i = 0; i < kBefore; ++i) step();
+    worker.pull();  // answered after every push above was applied
+    std::printf("ps rejoin: worker 1 dies at step %lld\n",
+                static_cast<long long>(worker.clock()));
+    std::fflush(stdout);
+    raise(SIGKILL);
+  }
+  EXPECT_EQ(restart, 1);
+  EXPECT_THROW(runtime().world(), ContractError);  // no world: the others formed it without it
+  std::printf("ps rejoin: worker 1 (restart %lld) continues at step %lld\n",
+              static_cast<long long>(restart), static_cast<long long>(worker.clock()));
+  std::fflush(stdout);
+  for (int i = 0; i < kAfter; ++i) step();
+  worker.finish();
+  store->set(done_key, to_bytes("1"));
+  shutdown();
 }
 
 }  // namespace

@@ -52,6 +52,23 @@ TEST(LauncherOptions, ServersAreExtraRanksWithTheirVariable) {
             std::string::npos);
 }
 
+// --restart-workers N: parameter-server workers only, not under mpirun.
+TEST(LauncherOptions, RestartWorkersNeedServers) {
+  auto o = parse({"-np", "2", "--servers", "1", "--restart-workers", "3", "./train"}).options;
+  EXPECT_EQ(o.restart_workers, 3);
+  EXPECT_EQ(parse({"-np", "2", "--servers", "1", "./train"}).options.restart_workers, 0);
+  EXPECT_NE(error_of({"-np", "2", "--restart-workers", "1", "./train"}).find("add --servers S"),
+            std::string::npos);
+  EXPECT_NE(error_of({"-np", "2", "--servers", "1", "--restart-workers", "1", "--backend", "mpi",
+                      "./train"})
+                .find("cannot run with --backend mpi"),
+            std::string::npos);
+  EXPECT_NE(error_of({"-np", "2", "--servers", "1", "--restart-workers", "-1", "./train"}), "");
+  EXPECT_NE(error_of({"-np", "2", "--servers", "1", "-x", "KOLO_PS_REJOIN=1", "./train"})
+                .find("kolorun sets KOLO_PS_REJOIN itself"),
+            std::string::npos);
+}
+
 TEST(LauncherOptions, EverythingAfterTheProgramIsPassedUntouched) {
   // The program's own flags look like kolorun's: they must not be parsed.
   auto o =

@@ -76,11 +76,15 @@ TEST(PsPartition, CoversEveryElementOnceWithEqualBytes) {
     for (size_t i = 0; i < specs.size(); ++i) {
       for (int64_t e = 0; e < specs[i].numel(); ++e) {
         ASSERT_NE(owner[i][e], -1) << specs[i].name << "[" << e << "] on no server";
-        if (e > 0) EXPECT_LE(owner[i][e - 1], owner[i][e]) << "slices out of order";
+        if (e > 0) {
+          EXPECT_LE(owner[i][e - 1], owner[i][e]) << "slices out of order";
+        }
       }
     }
     EXPECT_EQ(total_bytes, 21 * 4 + 5 * 4 + 8 * 8 + 4);
-    if (servers <= 5) EXPECT_LE(most - least, 2 * 8) << servers << " servers";
+    if (servers <= 5) {
+      EXPECT_LE(most - least, 2 * 8) << servers << " servers";
+    }
   }
   EXPECT_THROW(Partition::by_bytes(specs, 0), ContractError);
 }
@@ -164,6 +168,22 @@ TEST(PsClocks, SspBoundsTheLeadOverTheSlowestLiveWorker) {
   c.left(1);
   EXPECT_TRUE(c.may_serve_pull(3));
   EXPECT_EQ(c.live_workers(), 1);
+  // Worker 1 restarted: it continues from the slowest live worker's step
+  // (worker 0's 3), so the bound holds at once, and counts as live again.
+  EXPECT_EQ(c.rejoin_clock(1), 3);
+  c.rejoined(1, c.rejoin_clock(1));
+  EXPECT_EQ(c.live_workers(), 2);
+  EXPECT_EQ(c.next_step(1), 3);
+  EXPECT_TRUE(c.may_serve_pull(4));
+  EXPECT_FALSE(c.may_serve_pull(5));
+  c.served_pull(1, 3);
+  c.pushed(1, 3);
+  EXPECT_EQ(c.stats().worker_updates, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(c.stats().rejoins, (std::vector<int64_t>{0, 1}));
+  // With no live worker, a restarted one keeps its own step.
+  c.left(0);
+  c.left(1);
+  EXPECT_EQ(c.rejoin_clock(1), 4);
 }
 
 TEST(PsClocks, AsyncNeverWaits) {

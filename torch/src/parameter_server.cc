@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -90,6 +91,7 @@ std::string describe_mode(int64_t word) {
 
 constexpr int64_t kRefusedModel = 1;
 constexpr int64_t kRefusedMode = 2;
+constexpr int64_t kRefusedRejoin = 3;  // a restarted worker, but the server runs sync
 
 }  // namespace
 
@@ -116,8 +118,12 @@ struct Server::Impl {
   int64_t resumed_step = 0;  // the step of the checkpoint resumed from (0: none)
   int64_t saved_step = 0;    // the last step saved (or resumed from)
   std::vector<std::shared_ptr<EmbeddingTable>> tables;  // sparse tables (ps_embedding.h)
+  // Per worker: a restarted worker's new link is up but its kRejoin has not
+  // come yet (the server must not end while one is on its way back).
+  std::vector<bool> rejoining;
 
-  Impl(int workers, const PsOptions& o) : options(o), clocks(workers, o.mode, o.max_staleness) {}
+  Impl(int workers, const PsOptions& o)
+      : options(o), clocks(workers, o.mode, o.max_staleness), rejoining(workers, false) {}
 
   std::string name() const {
     return "kolo::ps::Server " + std::to_string(server) + " (rank " +
@@ -169,7 +175,14 @@ struct Server::Impl {
   }
 
   void serve(int worker);
+  // Serves one link of `worker` until it finishes (true) or fails (false).
+  bool serve_link(int worker);
+  // Async and ssp with a rejoin channel: waits for `worker` to come back
+  // (true: links.peers[worker] is its new link) or for the server to have
+  // no one left to serve (false).
+  bool await_rejoin(int worker, int64_t* generation);
   void handle_hello(int worker, const Header& h);
+  void handle_rejoin(int worker, const Header& h);
   void serve_pull(int worker, const Header& h, int64_t count,
                   const std::function<torch::Tensor()>& read);
   void handle_pull(int worker, const Header& h);
@@ -191,6 +204,11 @@ void Server::Impl::handle_hello(int worker, const Header& h) {
     reply.status = kRefusedModel;
   } else if (h.value != mode_word(options)) {
     reply.status = kRefusedMode;
+  } else if (h.clock > 0 && options.mode == Mode::kSync) {
+    reply.status = kRefusedRejoin;
+  } else if (h.clock > 0) {
+    std::lock_guard<std::mutex> lock(mutex);
+    reply.clock = clocks.rejoin_clock(worker);  // the worker takes the servers' largest
   }
   send_header(*links.peers[worker], kWorkerPeer, reply, options.timeout);
   if (reply.status != 0) {
@@ -198,9 +216,22 @@ void Server::Impl::handle_hello(int worker, const Header& h) {
                         (reply.status == kRefusedModel
                              ? ": its model's parameters (names, shapes, dtypes) differ from "
                                "the server's; build the same model on every rank"
-                             : ": it runs mode " + describe_mode(h.value) + ", the server " +
-                                   describe_mode(mode_word(options))));
+                         : reply.status == kRefusedMode
+                             ? ": it runs mode " + describe_mode(h.value) + ", the server " +
+                                   describe_mode(mode_word(options))
+                             : ": a restarted worker cannot rejoin a sync job"));
   }
+}
+
+void Server::Impl::handle_rejoin(int worker, const Header& h) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!rejoining[worker]) {
+    throw ContractError(name() + ": worker " + std::to_string(worker) +
+                        " sent a rejoin without being restarted (kolorun --restart-workers)");
+  }
+  rejoining[worker] = false;
+  clocks.rejoined(worker, h.clock);
+  changed.notify_all();
 }
 
 // Waits until a pull for step h.clock may be served, records it, takes the
@@ -329,6 +360,7 @@ void Server::Impl::handle_sparse_push(int worker, const Header& h) {
 void Server::Impl::lose(int worker, const std::string& why) {
   std::lock_guard<std::mutex> lock(mutex);
   clocks.left(worker);
+  rejoining[worker] = false;
   if (!why.empty()) lost.push_back("worker " + std::to_string(worker) + ": " + why);
   if (!why.empty() && options.mode == Mode::kSync && !failure) {
     // Every step needs every worker: stop, and tell the others at once.
@@ -349,6 +381,52 @@ void Server::Impl::lose(int worker, const std::string& why) {
 }
 
 void Server::Impl::serve(int worker) {
+  int64_t generation = 0;  // of the worker's current link
+  while (!serve_link(worker) && await_rejoin(worker, &generation)) {
+  }
+}
+
+bool Server::Impl::await_rejoin(int worker, int64_t* generation) {
+  if (options.mode == Mode::kSync || !links.rejoin) return false;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      // Nobody left to serve, and nobody on the way back: the job is over.
+      if (failure || (clocks.all_left() &&
+                      std::none_of(rejoining.begin(), rejoining.end(), [](bool b) { return b; }))) {
+        return false;
+      }
+      changed.wait_for(lock, std::chrono::milliseconds(20));
+    }
+    int64_t announced = 0;
+    try {
+      announced = links.rejoin->announced(worker);  // a store round trip: not under the lock
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mutex);
+      lost.push_back("worker " + std::to_string(worker) + ": the rendezvous store: " + e.what());
+      return false;
+    }
+    if (announced <= *generation) continue;
+    *generation = announced;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      rejoining[worker] = true;
+    }
+    try {
+      std::unique_ptr<Communicator> link = links.rejoin->accept(worker, announced);
+      std::lock_guard<std::mutex> lock(mutex);
+      links.peers[worker] = std::move(link);
+      return true;
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mutex);
+      rejoining[worker] = false;
+      lost.push_back("worker " + std::to_string(worker) + " (restart " +
+                     std::to_string(announced) + "): " + e.what());
+    }
+  }
+}
+
+bool Server::Impl::serve_link(int worker) {
   Communicator& link = *links.peers[worker];
   const std::string source = name() + ", request from worker " + std::to_string(worker);
   torch::Tensor buffer = torch::empty({numel}, dtype);
@@ -371,9 +449,12 @@ void Server::Impl::serve(int worker) {
         case Kind::kSparsePush:
           handle_sparse_push(worker, h);
           break;
+        case Kind::kRejoin:
+          handle_rejoin(worker, h);
+          break;
         case Kind::kDone:
           lose(worker, "");
-          return;
+          return true;
         case Kind::kReply:
           throw ContractError(source + ": a reply where a request was expected");
       }
@@ -381,6 +462,7 @@ void Server::Impl::serve(int worker) {
   } catch (const std::exception& e) {
     lose(worker, e.what());
   }
+  return false;
 }
 
 Server::Server(const NamedParameters& parameters, const OptimizerFactory& make_optimizer,
@@ -441,6 +523,14 @@ void Server::run() {
     threads.emplace_back([this, w] { impl_->serve(w); });
   }
   for (std::thread& t : threads) t.join();
+  if (impl_->links.rejoin) {
+    try {
+      impl_->links.rejoin->close();  // a worker restarted from now on is refused, not left waiting
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(impl_->mutex);
+      impl_->lost.push_back(std::string("closing the rejoin channel: ") + e.what());
+    }
+  }
   std::lock_guard<std::mutex> lock(impl_->mutex);
   if (impl_->failure) std::rethrow_exception(impl_->failure);
 }
@@ -523,6 +613,8 @@ Worker::Worker(const NamedParameters& parameters, Links links, const PsOptions& 
   hello.kind = Kind::kHello;
   hello.fingerprint = fingerprint(w.specs);
   hello.value = mode_word(options);
+  hello.clock = w.links.generation;
+  const bool rejoining = w.links.generation > 0;
   int64_t start = -1;  // the step the servers continue from (a resumed checkpoint's)
   for (int s = 0; s < w.links.roles.servers; ++s) {
     w.on_server(s, "hello", [&](Communicator& link) {
@@ -533,10 +625,20 @@ Worker::Worker(const NamedParameters& parameters, Links links, const PsOptions& 
                             " holds a different model (parameter names, shapes or dtypes "
                             "differ); build the same model on every rank");
       }
+      if (reply.status == kRefusedRejoin) {
+        throw ContractError(w.name() + ": restarted (KOLO_PS_REJOIN " +
+                            std::to_string(w.links.generation) + ") but " + w.server_name(s) +
+                            " runs mode sync, where every step needs every worker: a worker that "
+                            "dies stops a sync job; use mode async or ssp to restart workers");
+      }
       if (reply.status == kRefusedMode) {
         throw ContractError(w.name() + ": runs mode " + describe_mode(hello.value) + " but " +
                             w.server_name(s) + " runs " + describe_mode(reply.value) +
                             "; pass the same PsOptions on every rank");
+      }
+      if (rejoining) {
+        start = std::max(start, reply.clock);
+        return;
       }
       if (s > 0 && reply.clock != start) {
         throw ContractError(
@@ -549,6 +651,17 @@ Worker::Worker(const NamedParameters& parameters, Links links, const PsOptions& 
     });
   }
   w.clock = start;
+  if (rejoining) {
+    // Every server continues this worker's clock from the same step.
+    Header joined;
+    joined.kind = Kind::kRejoin;
+    joined.clock = start;
+    for (int s = 0; s < w.links.roles.servers; ++s) {
+      w.on_server(s, "rejoin", [&](Communicator& link) {
+        send_header(link, kServerPeer, joined, options.timeout);
+      });
+    }
+  }
 }
 
 Worker::~Worker() {

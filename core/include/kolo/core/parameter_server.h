@@ -17,6 +17,15 @@
 // means a worker that dies breaks only its own link: the servers go on with
 // the others (asynchronous modes).
 //
+// Rejoining (asynchronous modes; `kolorun --restart-workers N`). A worker
+// that dies leaves: the servers go on with the others. kolorun restarts it
+// with KOLO_PS_REJOIN=g (its g-th restart); its kolo::init() builds no world
+// communicator, and connect() announces it in the store, waits until every
+// server accepts (or has ended: a RuntimeFault), and builds new links named
+// for generation g. Its hello says it rejoins; each server answers the step
+// it would continue from (the slowest live worker's), the worker takes the
+// largest answer and tells every server (kRejoin), so all agree on its clock.
+//
 // Messages on a link (tags below). A request is a header of kHeaderWords
 // int64 (kind, clock, element count, fingerprint, value); a push follows with
 // its data, a pull is answered with a header and the data. Every header is
@@ -25,6 +34,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -116,7 +126,10 @@ constexpr int kReplyTag = 2;    // server -> worker: reply header
 constexpr int kParamsTag = 3;   // server -> worker: a pull's parameters
 
 enum class Kind : int64_t {
-  kHello = 1,  // value = mode | max_staleness << 8; answered by a kReply
+  // value = mode | max_staleness << 8; clock = the worker's restart
+  // generation (0: first start); answered by a kReply whose clock is the
+  // step to continue from.
+  kHello = 1,
   kPull = 2,   // clock = the step the worker is about to run
   kPush = 3,   // clock = the step whose gradient follows; count = elements
   kDone = 4,   // the worker leaves; no reply
@@ -128,6 +141,9 @@ enum class Kind : int64_t {
   // count 0, a greeting: the reply's status says whether the table is there.
   kSparsePull = 6,
   kSparsePush = 7,  // clock = the step whose row gradients follow (before its kPush)
+  // A restarted worker's clock after its hello (clock = the step it
+  // continues from, the largest of the servers' answers); no reply.
+  kRejoin = 8,
 };
 
 struct Header {
@@ -172,6 +188,9 @@ class ServerClocks {
   void round_applied();
   // The worker left (kDone) or its link failed; it no longer holds anyone back.
   void left(int worker);
+  // The step a restarted `worker` should continue from: the slowest live
+  // worker's (so ssp's bound holds at once), or its own when none is live.
+  int64_t rejoin_clock(int worker) const;
   // A worker that left comes back and continues from step `clock`.
   void rejoined(int worker, int64_t clock);
   // A resumed server checkpoint saved at step `step`: every worker continues
@@ -191,6 +210,8 @@ class ServerClocks {
     int64_t updates = 0;          // pushes applied (sync: pushes received)
     int64_t max_staleness = 0;    // largest staleness any update was computed at
     std::vector<int64_t> counts;  // counts[k]: updates computed at staleness k (last bin: more)
+    std::vector<int64_t> worker_updates;  // per worker: its pushes received
+    std::vector<int64_t> rejoins;         // per worker: times it came back after leaving
   };
   const Stats& stats() const { return stats_; }
 
@@ -212,9 +233,25 @@ class ServerClocks {
 // (worker = rank 0, server = rank 1; kWorkerPeer / kServerPeer).
 constexpr int kWorkerPeer = 0;
 constexpr int kServerPeer = 1;
+// A server's side of rejoining, over the job's store and backend (connect()
+// fills it; make_thread_links() leaves it null: a lost worker stays lost).
+struct RejoinChannel {
+  // The restart generation `worker` announced last (0: none). Never blocks.
+  std::function<int64_t(int worker)> announced;
+  // Accepts `worker`'s restart `generation` and builds the new link to it
+  // (collective with that worker's connect(); the links' timeout bounds it).
+  std::function<std::unique_ptr<Communicator>(int worker, int64_t generation)> accept;
+  // This server has ended: a restarted worker that comes now is refused.
+  std::function<void()> close;
+};
+
 struct Links {
   Roles roles;
   std::vector<std::unique_ptr<Communicator>> peers;
+  // On a worker: its restart generation (KOLO_PS_REJOIN; 0: first start).
+  int64_t generation = 0;
+  // On a server built by connect(): how restarted workers reach it again.
+  std::shared_ptr<RejoinChannel> rejoin;
 };
 
 struct LinkOptions {
@@ -224,7 +261,10 @@ struct LinkOptions {
 };
 
 // Builds this rank's links through the runtime's backend and store (every
-// rank of the job calls it: each pair builds its communicator).
+// rank of the job calls it: each pair builds its communicator). On a worker
+// restarted with KOLO_PS_REJOIN, builds them with the running servers only
+// (see "Rejoining" above): a RuntimeFault when a server has already ended,
+// a TimeoutError when one does not answer within the runtime's timeout.
 Links connect(Runtime& runtime, const Roles& roles, const LinkOptions& options = {});
 // The same with roles_from(runtime's topology and config).
 Links connect(Runtime& runtime, const LinkOptions& options = {});

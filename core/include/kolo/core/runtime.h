@@ -74,7 +74,9 @@ class Runtime {
 
   const Topology& topology() const { return topology_; }
   const Config& config() const { return config_; }
-  Communicator& world() { return *world_; }
+  // ContractError on a worker that rejoined a running parameter-server job
+  // (KOLO_PS_REJOIN): it has no world (the others built theirs without it).
+  Communicator& world();
   // Null for ranks-as-threads runtimes and for mpi without a store.
   const std::shared_ptr<Store>& store() const { return store_; }
 
@@ -118,6 +120,8 @@ class Runtime {
   // The options of a communicator of `ranks` (sorted world ranks) derived
   // from `base` under `prefix`: the engine's process sets and
   // group_communicator() build theirs the same way.
+  // Why world() and engine() are refused on a rejoined rank.
+  std::string no_world(const std::string& call) const;
   static CommunicatorOptions group_options(const CommunicatorOptions& base,
                                            const std::vector<int>& ranks, int world_rank,
                                            const std::string& prefix, const std::string& what);

@@ -50,7 +50,11 @@
 // synchronous servers stop with a RuntimeFault naming it and abort every link,
 // so every worker gets the error too. A server that dies is a RuntimeFault on
 // every worker's next pull or push, naming the server's rank, within the
-// timeout (never a hang).
+// timeout (never a hang). Under `kolorun --restart-workers N` a dead worker
+// is restarted and rejoins an asynchronous job (kolo/core/parameter_server.h,
+// "Rejoining"): the same program, whose Worker continues at the slowest live
+// worker's step; a server ends once every worker has finished or left and
+// none is coming back (it never waits for a worker that is not restarted).
 #pragma once
 
 #include <torch/optim/optimizer.h>
