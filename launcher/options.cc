@@ -279,8 +279,9 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
                        "add --servers S (an allreduce job re-forms instead: --min-np/--max-np)");
     }
     if (o.backend == "mpi") {
-      throw UsageError("--restart-workers cannot run with --backend mpi: an MPI world cannot "
-                       "take a new process; use shm or gloo (or leave --backend out)");
+      throw UsageError(
+          "--restart-workers cannot run with --backend mpi: an MPI world cannot "
+          "take a new process; use shm or gloo (or leave --backend out)");
     }
   }
   if (!min_np_text.empty()) o.min_np = parse_count("--min-np", min_np_text, "--min-np 2");

@@ -164,8 +164,7 @@ std::string Supervisor::describe_rank(const PoolWorker& info) const {
     role += "; ";
   }
   return "rank " + std::to_string(info.id) + " (" + role + "pid " +
-         std::to_string(info.process.pid) + (info.remote ? ", ssh to " : " on ") + info.host +
-         ")";
+         std::to_string(info.process.pid) + (info.remote ? ", ssh to " : " on ") + info.host + ")";
 }
 
 void Supervisor::begin_stop(int signal_number) {

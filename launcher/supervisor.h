@@ -100,12 +100,12 @@ class Supervisor {
   Clock::time_point start_;
   bool stopping_ = false;
   Cause cause_ = Cause::kNone;
-  int cause_rank_ = -1;      // kFailure / kStartFailure
-  int cause_signal_ = 0;     // kSignal
-  std::string start_error_;  // kStartFailure
-  int workers_at_stop_ = 0;  // running workers when the stop began
-  int restarts_ = 0;                 // restarts started or queued
-  std::vector<int> generations_;     // per rank: its restarts so far
+  int cause_rank_ = -1;                // kFailure / kStartFailure
+  int cause_signal_ = 0;               // kSignal
+  std::string start_error_;            // kStartFailure
+  int workers_at_stop_ = 0;            // running workers when the stop began
+  int restarts_ = 0;                   // restarts started or queued
+  std::vector<int> generations_;       // per rank: its restarts so far
   std::vector<int> pending_restarts_;  // ranks to start again
 };
 

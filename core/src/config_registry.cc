@@ -70,7 +70,8 @@ const std::vector<ConfigVar>& config_registry() {
        "servers."},
       {"KOLO_PS_REJOIN", ConfigType::kInt, "0", "",
        "Parameter server: set by `kolorun --restart-workers N` on a worker it restarted into a "
-       "running asynchronous job: the how-many-th restart of that worker it is (>= 0, <= 1000000); the "
+       "running asynchronous job: the how-many-th restart of that worker it is (>= 0, <= 1000000); "
+       "the "
        "runtime then builds no world communicator and kolo::ps::connect() rejoins the servers. "
        "0 = a first start."},
       // --- Communicators ---

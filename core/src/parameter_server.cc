@@ -288,8 +288,7 @@ std::shared_ptr<RejoinChannel> server_channel(Runtime& runtime, const Roles& rol
 
 // A restarted worker's links: announce, wait for every server's answer,
 // then build the links of this generation.
-Links rejoin(Runtime& runtime, const Roles& roles, const LinkOptions& options,
-             int64_t generation) {
+Links rejoin(Runtime& runtime, const Roles& roles, const LinkOptions& options, int64_t generation) {
   const std::shared_ptr<Store>& store = runtime.store();
   const RejoinKeys keys{options.name + "/rejoin"};
   const int self = roles.rank;

@@ -244,10 +244,11 @@ Runtime::Runtime(const InitOptions& options) {
           "which needs a job of several ranks with kolorun's rendezvous store and the shm or "
           "gloo backend; do not set it yourself");
     }
-    logger.info("rank " + std::to_string(topology_.rank) + " of " +
-                std::to_string(topology_.size) + " rejoins a running parameter-server job "
-                "(restart " + std::to_string(config_.get_int("KOLO_PS_REJOIN")) +
-                "), backend " + backend + ", without a world communicator");
+    logger.info("rank " + std::to_string(topology_.rank) + " of " + std::to_string(topology_.size) +
+                " rejoins a running parameter-server job "
+                "(restart " +
+                std::to_string(config_.get_int("KOLO_PS_REJOIN")) + "), backend " + backend +
+                ", without a world communicator");
     return;
   }
   world_ = make_communicator(backend, comm);

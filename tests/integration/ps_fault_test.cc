@@ -102,7 +102,8 @@ TEST(PsFaultUnderKolorun, TheExampleWithItsServerKilledStops) {
   const RunResult r = job.wait(seconds(120));
   ASSERT_FALSE(r.timed_out) << r.out << r.err;
   EXPECT_NE(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.err.find("kolorun: rank 2 (parameter server 0; pid " + std::to_string(server)), std::string::npos)
+  EXPECT_NE(r.err.find("kolorun: rank 2 (parameter server 0; pid " + std::to_string(server)),
+            std::string::npos)
       << r.err;
   EXPECT_EQ(r.out.find("Test loss"), std::string::npos) << r.out;
 }

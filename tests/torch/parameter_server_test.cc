@@ -484,9 +484,9 @@ TEST(PsErrors, ASyncServerRefusesARestartedWorker) {
   std::unique_ptr<Server> server;
   auto errors = testing::run_ranks_catching(2, [&](int rank) {
     if (rank == 1) {
-      server = std::make_unique<Server>(model.named_parameters(),
-                                        factory_of(OptimizerKind::kSgd, 0.1), std::move(links[1]),
-                                        options_of(Mode::kSync));
+      server =
+          std::make_unique<Server>(model.named_parameters(), factory_of(OptimizerKind::kSgd, 0.1),
+                                   std::move(links[1]), options_of(Mode::kSync));
       server->run();
     } else {
       Worker w(model.named_parameters(), std::move(links[0]), options_of(Mode::kSync));

@@ -1,7 +1,7 @@
 // The parameter server as real processes: run by tests/integration/ps_fault_test.cc as
-// `kolorun -np 2 --servers 1 [--restart-workers 1] kolo_torch_tests --gtest_filter=PsUnderKolorun.<one>`
-// (skipped when not launched with servers). Every process runs the test in
-// its role; the integration test checks what each of them printed.
+// `kolorun -np 2 --servers 1 [--restart-workers 1] kolo_torch_tests
+// --gtest_filter=PsUnderKolorun.<one>` (skipped when not launched with servers). Every process runs
+// the test in its role; the integration test checks what each of them printed.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <torch/torch.h>
@@ -122,11 +122,12 @@ TEST(PsUnderKolorun, AKilledWorkerRejoinsTheAsyncJob) {
         std::move(links), options);
     server.run();
     const Server::Stats stats = server.stats();
-    std::printf("ps rejoin: server %d: worker 1 pushed %lld, rejoined %lld time(s); worker 0 "
-                "pushed %lld\n",
-                roles.server_index(), static_cast<long long>(stats.staleness.worker_updates[1]),
-                static_cast<long long>(stats.staleness.rejoins[1]),
-                static_cast<long long>(stats.staleness.worker_updates[0]));
+    std::printf(
+        "ps rejoin: server %d: worker 1 pushed %lld, rejoined %lld time(s); worker 0 "
+        "pushed %lld\n",
+        roles.server_index(), static_cast<long long>(stats.staleness.worker_updates[1]),
+        static_cast<long long>(stats.staleness.rejoins[1]),
+        static_cast<long long>(stats.staleness.worker_updates[0]));
     std::fflush(stdout);
     EXPECT_EQ(stats.staleness.worker_updates[1], kBefore + kAfter);
     EXPECT_EQ(stats.staleness.rejoins, (std::vector<int64_t>{0, 1}));
@@ -154,8 +155,7 @@ TEST(PsUnderKolorun, AKilledWorkerRejoinsTheAsyncJob) {
   if (restart == 0) {
     for (int i = 0; i < kBefore; ++i) step();
     worker.pull();  // answered after every push above was applied
-    std::printf("ps rejoin: worker 1 dies at step %lld\n",
-                static_cast<long long>(worker.clock()));
+    std::printf("ps rejoin: worker 1 dies at step %lld\n", static_cast<long long>(worker.clock()));
     std::fflush(stdout);
     raise(SIGKILL);
   }

@@ -420,8 +420,8 @@ bool Server::Impl::await_rejoin(int worker, int64_t* generation) {
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lock(mutex);
       rejoining[worker] = false;
-      lost.push_back("worker " + std::to_string(worker) + " (restart " +
-                     std::to_string(announced) + "): " + e.what());
+      lost.push_back("worker " + std::to_string(worker) + " (restart " + std::to_string(announced) +
+                     "): " + e.what());
     }
   }
 }
