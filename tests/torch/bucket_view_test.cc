@@ -290,7 +290,9 @@ TEST_F(BucketView, ZeroGradOfTheOptimizerAndSetToNoneOfTheModule) {
       st.optimizer->zero_grad();
     }
     for (const torch::Tensor& p : st.model.parameters()) {
-      if (p.grad().defined()) EXPECT_EQ(p.grad().abs().sum().item<double>(), 0.0);
+      if (p.grad().defined()) {
+        EXPECT_EQ(p.grad().abs().sum().item<double>(), 0.0);
+      }
     }
     const uint64_t copies = st.optimizer->stats().copies;
     st.loss().backward();
@@ -385,7 +387,9 @@ TEST_F(BucketView, ACheckpointLoadsIntoANewOptimizerWhoseViewsTakeOver) {
     if (st.step == 1) {
       const std::string where =
           path + (st.optimizer->options().gradient_as_bucket_view ? "/views" : "/plain");
-      save_checkpoint(where, *st.optimizer, {0, 2});
+      CheckpointState state;
+      state.step = 2;
+      save_checkpoint(where, *st.optimizer, state);
       // As an elastic round: a new DistributedOptimizer over the same model.
       st.optimizer.reset();
       st.optimizer = st.rebuild();
