@@ -29,7 +29,7 @@
 // optimizer runs on parameter servers instead: workers pull the parameters
 // and push their gradients (kolo::ps, parameter_server.cc).
 // With --elastic (under kolorun --min-np/--max-np) the same training survives
-// workers dying and joining: elastic.cc and docs/elastic.md. With --balance
+// workers dying and joining (fit_elastic below, docs/elastic.md). With --balance
 // the global batch is split by each worker's measured speed
 // (kolo::BatchBalancer) instead of evenly: for workers on cores, machines or
 // neighbours of different speeds.
@@ -37,6 +37,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,12 +48,10 @@
 #include "model.h"
 #include "optimizer_choice.h"
 #include "parameter_server.h"
+#include "round_report.h"
 #include "training.h"
 
 namespace fashion_mnist {
-
-int run_elastic(const Flags& flags);  // elastic.cc
-
 namespace {
 
 // A callback of our own (any kolo::Callback): rank 0 prints the run's
@@ -91,6 +90,8 @@ class Report : public kolo::Callback {
   }
 
   void on_epoch_end(kolo::Trainer& trainer, int64_t epoch, kolo::Logs& logs) override {
+    // An epoch trained again after an elastic re-formation replaces its row.
+    while (!records_.empty() && records_.back().epoch >= epoch + 1) records_.pop_back();
     records_.push_back({static_cast<int>(epoch) + 1, logs.at("epoch_time"),
                         static_cast<int64_t>(logs.at("images")), logs.at("images_per_sec"),
                         logs.at("loss"), logs.at("accuracy"), logs.at("val_loss"),
@@ -119,9 +120,12 @@ class Report : public kolo::Callback {
   std::vector<EpochRecord> records_;
 };
 
+using Callbacks = std::vector<std::shared_ptr<kolo::Callback>>;
+Callbacks callbacks_of(const Flags& flags, const kolo::Dataset& train, const kolo::Dataset& test);
 void train_model(const Flags& flags, Cnn& model, kolo::ParallelOptimizer& optimizer,
                  const kolo::Dataset& train, const kolo::Dataset& test,
-                 const kolo::CallOptions& where);
+                 const kolo::CallOptions& where, const Callbacks& callbacks,
+                 kolo::elastic::TrainerState* elastic = nullptr);
 
 // Steps 3-7 of the recipe: one worker's training, its kolo calls on `where`
 // (the default engine for a worker process; a replica's engine with
@@ -160,40 +164,71 @@ void fit(const Flags& flags, const kolo::Dataset& train, const kolo::Dataset& te
   // Dropout masks differ per worker (the weights are already identical).
   torch::manual_seed(flags.seed + 1000003ULL * static_cast<uint64_t>(optimizer->rank() + 1));
 
-  train_model(flags, model, *optimizer, train, test, where);
+  train_model(flags, model, *optimizer, train, test, where, callbacks_of(flags, train, test));
+}
+
+// --- With --elastic: steps 3-7 for a world that may change while it trains --
+// A worker dies (killed, its host gone) or kolorun starts a new one; kolorun
+// decides each world (a "round") and kolo::elastic::run calls the training
+// function once per round, kolo initialised for it. What survives a change
+// is a kolo::elastic::TrainerState: the model, the optimizer's state, the
+// epoch, the step, the images of the epoch the world has taken, the epoch's
+// metrics and the callbacks' state. The Trainer commits it every
+// --commit-every steps and at each epoch's end; after a change every worker
+// returns to rank 0's last commit (rank 0 is the oldest survivor), the new
+// world shares out the epoch's images not yet taken, and the rate follows
+// the new world's size. At most --commit-every steps are done again.
+void fit_elastic(const Flags& flags, const kolo::Dataset& train, const kolo::Dataset& test) {
+  // Model and optimizer built once: they outlive the rounds (no broadcast:
+  // each round starts from rank 0's state).
+  torch::manual_seed(flags.seed);
+  Cnn model;
+  const std::unique_ptr<torch::optim::Optimizer> base_optimizer =
+      make_optimizer(resolved(flags.optimizer), *model);
+  kolo::elastic::TrainerState::Options elastic;
+  elastic.commit_every = flags.commit_every;
+  elastic.sampling.seed = flags.seed;
+  if (!flags.checkpoint_dir.empty()) {
+    // Rank 0 also writes every commit there; --resume starts from it.
+    std::filesystem::create_directories(flags.checkpoint_dir);
+    elastic.commit_path = flags.checkpoint_dir + "/elastic.commit";
+  }
+  kolo::elastic::TrainerState state(*model, *base_optimizer, static_cast<size_t>(train.size),
+                                    elastic);
+  if (flags.resume) state.load_commit_file(elastic.commit_path);  // errors name the file
+  Callbacks callbacks = callbacks_of(flags, train, test);         // kept across the rounds
+  callbacks.push_back(std::make_shared<RoundReport>(flags, model, state));
+  kolo::elastic::run(state, [&] {
+    // This round's optimizer: it belongs to this round's engine.
+    kolo::ParallelOptimizerOptions optimizer_options;
+    set_gradient_exchange(flags, optimizer_options);
+    const std::unique_ptr<kolo::ParallelOptimizer> optimizer =
+        kolo::make_parallel_optimizer(*base_optimizer, *model, optimizer_options);
+    train_model(flags, model, *optimizer, train, test, {}, callbacks, &state);
+  });
 }
 
 // --- 7. Train: Keras' fit with Horovod's callbacks ----------------------------
-void train_model(const Flags& flags, Cnn& model, kolo::ParallelOptimizer& optimizer,
-                 const kolo::Dataset& train, const kolo::Dataset& test,
-                 const kolo::CallOptions& where) {
-  kolo::TrainerOptions options;
-  static_cast<kolo::CallOptions&>(options) = where;
-  options.epochs = flags.epochs;
-  options.batch_size = flags.batch_size;  // per worker
-  options.sampling.seed = flags.seed;     // each epoch a new order, the same on every worker
-  options.autocast_bf16 = flags.precision == "bf16";  // weights and gradients stay float32
-  options.balance = flags.balance;
-  kolo::Trainer trainer(
-      *model, [&](const torch::Tensor& images) { return model->forward(images); },
-      [](const torch::Tensor& logits, const torch::Tensor& labels) {
-        return torch::nn::functional::cross_entropy(logits, labels);
-      },
-      optimizer, options);
+Callbacks callbacks_of(const Flags& flags, const kolo::Dataset& train, const kolo::Dataset& test) {
+  Callbacks callbacks;
   // The rate, per step: the global batch is `workers` times larger than one
   // worker's, so the rate may be too (--scale-lr), reached by a warmup from
   // the single-worker rate (Goyal et al.); LARS and LAMB take a rate set for
-  // the global batch, reached from near zero (optimizer_choice.h). On
+  // the global batch, reached from near zero (optimizer_choice.h). Derived
+  // from the trainer's world (again in each new world of an elastic run). On
   // parameter servers the servers' optimizer keeps --lr.
   if (!on_parameter_servers(flags)) {
-    trainer.add(std::make_shared<kolo::LearningRateWarmup>(schedule_of(
-        flags, resolved(flags.optimizer), trainer.world_size(), trainer.steps_for(train.size))));
+    callbacks.push_back(std::make_shared<kolo::LearningRateWarmup>(
+        [&flags, size = train.size](const kolo::Trainer& trainer) {
+          return schedule_of(flags, resolved(flags.optimizer), trainer.world_size(),
+                             trainer.steps_for(size));
+        }));
   }
-  trainer.add(std::make_shared<kolo::MetricAverage>());  // logs averaged over the workers
-  trainer.add(std::make_shared<kolo::ProgressBar>(flags.progress_lines));  // rank 0
-  trainer.add(std::make_shared<kolo::Throughput>());  // "Epoch time", "Images/sec" on rank 0
-  trainer.add(std::make_shared<Report>(flags, train.size, test.size));
-  if (!flags.checkpoint_dir.empty()) {
+  callbacks.push_back(std::make_shared<kolo::MetricAverage>());  // logs averaged over the workers
+  callbacks.push_back(std::make_shared<kolo::ProgressBar>(flags.progress_lines));  // rank 0
+  callbacks.push_back(std::make_shared<kolo::Throughput>());  // "Epoch time", "Images/sec"
+  callbacks.push_back(std::make_shared<Report>(flags, train.size, test.size));
+  if (!flags.checkpoint_dir.empty() && !flags.elastic) {
     // Atomic and collective: rank 0 writes the whole model and its optimizer
     // at --zero-stage 0, every worker its shard at stages 1-3. --resume
     // continues from it, whatever stage and worker count wrote it.
@@ -201,25 +236,55 @@ void train_model(const Flags& flags, Cnn& model, kolo::ParallelOptimizer& optimi
     checkpoint.resume = flags.resume ? kolo::ModelCheckpointOptions::Resume::kRequired
                                      : kolo::ModelCheckpointOptions::Resume::kNo;
     checkpoint.verbose = true;
-    trainer.add(std::make_shared<kolo::ModelCheckpoint>(checkpoint));
+    callbacks.push_back(std::make_shared<kolo::ModelCheckpoint>(checkpoint));
   }
+  return callbacks;
+}
+
+void train_model(const Flags& flags, Cnn& model, kolo::ParallelOptimizer& optimizer,
+                 const kolo::Dataset& train, const kolo::Dataset& test,
+                 const kolo::CallOptions& where, const Callbacks& callbacks,
+                 kolo::elastic::TrainerState* elastic) {
+  kolo::TrainerOptions options;
+  static_cast<kolo::CallOptions&>(options) = where;
+  options.epochs = flags.epochs;
+  options.batch_size = flags.batch_size;  // per worker
+  options.sampling.seed = flags.seed;     // each epoch a new order, the same on every worker
+  options.autocast_bf16 = flags.precision == "bf16";  // weights and gradients stay float32
+  options.balance = flags.balance;
+  options.elastic = elastic;  // --elastic: train from and commit to the state
+  kolo::Trainer trainer(
+      *model, [&](const torch::Tensor& images) { return model->forward(images); },
+      [](const torch::Tensor& logits, const torch::Tensor& labels) {
+        return torch::nn::functional::cross_entropy(logits, labels);
+      },
+      optimizer, options);
+  for (const auto& callback : callbacks) trainer.add(callback);
   trainer.fit(train, &test);
 }
 
 int run(const Flags& flags) {
+  keep_freed_memory();
+  if (flags.elastic) {
+    // kolo::elastic::run initialises kolo for every world it joins.
+    torch::set_num_threads(threads_of(flags));
+    const auto [train, test] = load_data(flags);
+    fit_elastic(flags, train, test);
+    kolo::shutdown();
+    return 0;
+  }
   // --- 1. Initialise kolo; one worker per process, `threads` cores each ----
   kolo::init_torch();  // rank, size from kolorun, mpirun, srun, torchrun; else a world of one
-  keep_freed_memory();
 
   if (on_parameter_servers(flags)) {
     // The last processes serve the parameters (parameter_server.cc); the
     // workers read the data (step 2) and train the model the servers hold
     // (step 7).
-    run_on_parameter_servers(
-        flags, [&](Cnn& model, kolo::ParallelOptimizer& optimizer, const kolo::CallOptions& where) {
-          const auto [train, test] = load_data(flags);
-          train_model(flags, model, optimizer, train, test, where);
-        });
+    run_on_parameter_servers(flags, [&](Cnn& model, kolo::ParallelOptimizer& optimizer,
+                                        const kolo::CallOptions& where) {
+      const auto [train, test] = load_data(flags);
+      train_model(flags, model, optimizer, train, test, where, callbacks_of(flags, train, test));
+    });
     kolo::shutdown();
     return 0;
   }
@@ -254,7 +319,7 @@ int main(int argc, char** argv) {
     return *exit_code;
   }
   try {
-    return flags.elastic ? fashion_mnist::run_elastic(flags) : fashion_mnist::run(flags);
+    return fashion_mnist::run(flags);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fashion_mnist: error: %s\n", e.what());
     return 1;

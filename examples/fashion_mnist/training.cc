@@ -1,4 +1,4 @@
-// What main.cc and elastic.cc share (training.h).
+// What the example's ways of training share (training.h).
 #include "training.h"
 
 #include <malloc.h>

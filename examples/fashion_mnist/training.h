@@ -1,7 +1,7 @@
-// What the example's two ways of training share (main.cc: a fixed world on
-// kolo::Trainer; elastic.cc: kolo::elastic::run): threads and allocator
-// setup, the data as kolo::Datasets, the optimizer's report line, the
-// closing table.
+// What the example's ways of training share (main.cc: kolo::Trainer in a
+// fixed world, in an elastic one, under the mirrored strategy or on
+// parameter servers): threads and allocator setup, the data as
+// kolo::Datasets, the optimizer's report line, the closing table.
 #pragma once
 
 #include <torch/torch.h>

@@ -38,6 +38,7 @@
 #include "optimizer_harness.h"
 #include "temp_dir.h"
 #include "torch_harness.h"
+#include "trainer_harness.h"
 #include "zero_harness.h"
 
 namespace kolo {
@@ -52,14 +53,8 @@ constexpr int kWorld = 2;
 constexpr int64_t kSamples = 40;
 constexpr int64_t kBatch = 4;
 
-struct Data {
-  torch::Tensor x = torch::randn({kSamples, 7});
-  torch::Tensor y = torch::randint(0, 5, {kSamples}, torch::kLong);
-  Dataset set() const {
-    return {kSamples, [this](const torch::Tensor& rows) {
-              return std::make_pair(x.index_select(0, rows), y.index_select(0, rows));
-            }};
-  }
+struct Data : testing::ClassificationData {
+  Data() : ClassificationData(kSamples) {}
 };
 
 // Counts the calls it sees.

@@ -6,11 +6,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "kolo/core/errors.h"
 #include "kolo/torch/checkpoint.h"
+#include "kolo/torch/mixed_precision.h"
+#include "kolo/torch/trainer.h"
 
 namespace kolo::elastic {
 namespace {
@@ -112,6 +115,82 @@ void TorchState::deserialize(const Bytes& bytes) {
   pending_epoch_ = state.epoch;
   pending_consumed_ = consumed;
   sampler_.reset();  // rebuilt by the next sampler() for this world and position
+}
+
+// --- TrainerState ----------------------------------------------------------
+
+namespace {
+
+// The trainer's own entries in a commit's extras (the callbacks' are
+// "callback<i>/...", the loss scaler's its own).
+constexpr const char* kTotalsKey = "trainer/epoch_totals";
+constexpr const char* kWorldKey = "trainer/world_size";
+
+bool is_state_key(const std::string& key) {
+  return key.rfind("trainer/", 0) == 0 || key.rfind("elastic/", 0) == 0;
+}
+
+}  // namespace
+
+TrainerState::TrainerState(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                           size_t dataset_size, Options options)
+    : TorchState(model, &optimizer, dataset_size, options.sampling, options),
+      options_(std::move(options)),
+      optimizer_(optimizer) {
+  keep([this] { return save_extras(); }, [this](const Extras& extras) { restore_extras(extras); });
+}
+
+TrainerState::~TrainerState() = default;
+
+TorchState::Extras TrainerState::save_extras() {
+  if (trainer_ != nullptr) {
+    // The round's trainer: its loss scale and every callback's state now.
+    Extras fresh;
+    if (const LossScaler* scaler = trainer_->options().loss_scaler) fresh = scaler->extras();
+    for (size_t i = 0; i < trainer_->callbacks_.size(); ++i) {
+      for (auto& [key, value] : trainer_->callbacks_[i]->save_state()) {
+        fresh[Trainer::callback_prefix(i) + key] = std::move(value);
+      }
+    }
+    extras_ = std::move(fresh);
+  }
+  Extras out = extras_;
+  // Hexadecimal floats: the totals come back bit for bit.
+  char totals[160];
+  std::snprintf(totals, sizeof(totals), "%a %a %a %a", totals_.loss_sum, totals_.correct,
+                totals_.samples, totals_.started);
+  out[kTotalsKey] = totals;
+  out[kWorldKey] = std::to_string(committed_world_);
+  return out;
+}
+
+void TrainerState::restore_extras(const Extras& extras) {
+  const auto totals = extras.find(kTotalsKey);
+  const auto world = extras.find(kWorldKey);
+  if (totals == extras.end() || world == extras.end()) {
+    throw ContractError(
+        "kolo::elastic::TrainerState: the commit has no '" + std::string(kTotalsKey) + "' or '" +
+        kWorldKey + "'; it was not written by a TrainerState (a TorchState's commit does not fit)");
+  }
+  EpochTotals parsed;
+  if (std::sscanf(totals->second.c_str(), "%la %la %la %la", &parsed.loss_sum, &parsed.correct,
+                  &parsed.samples, &parsed.started) != 4) {
+    throw ContractError("kolo::elastic::TrainerState: the commit's '" + std::string(kTotalsKey) +
+                        "' is not four numbers");
+  }
+  char* end = nullptr;
+  const long size = std::strtol(world->second.c_str(), &end, 10);
+  if (world->second.empty() || *end != '\0' || size < 0) {
+    throw ContractError("kolo::elastic::TrainerState: the commit's '" + std::string(kWorldKey) +
+                        "' is not a world size");
+  }
+  totals_ = parsed;
+  committed_world_ = static_cast<int>(size);
+  extras_.clear();
+  for (const auto& [key, value] : extras) {
+    if (!is_state_key(key)) extras_[key] = value;
+  }
+  restored_ = true;
 }
 
 }  // namespace kolo::elastic

@@ -8,8 +8,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <utility>
@@ -17,6 +20,7 @@
 
 #include "kolo/core/errors.h"
 #include "kolo/torch/broadcast.h"
+#include "kolo/torch/elastic.h"
 #include "kolo/torch/metrics.h"
 #include "kolo/torch/parallel_optimizer.h"
 
@@ -26,6 +30,12 @@ namespace {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Wall-clock seconds: an elastic epoch's start is committed and read in
+// other processes.
+double wall_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 torch::Tensor rows_of(const std::vector<size_t>& indices, size_t begin, size_t end) {
@@ -54,6 +64,9 @@ void check_dataset(const Dataset& data, const char* which) {
 }
 
 }  // namespace
+
+// The keys of callback i's save_state() in an elastic commit.
+std::string Trainer::callback_prefix(size_t i) { return "callback" + std::to_string(i) + "/"; }
 
 Trainer::Trainer(torch::nn::Module& model, Forward forward, Loss loss, ParallelOptimizer& optimizer,
                  TrainerOptions options)
@@ -94,21 +107,26 @@ void Trainer::add(std::shared_ptr<Callback> callback) {
 Logs Trainer::fit(const Dataset& train, const Dataset* validation) {
   check_dataset(train, "training");
   if (validation) check_dataset(*validation, "validation");
+  elastic::TrainerState* const state = options_.elastic;
+  if (state) check_elastic(*state, train);
   const auto batch = static_cast<size_t>(options_.batch_size);
   const auto global_batch = batch * static_cast<size_t>(world_size());
   DistributedSamplerOptions sampling = options_.sampling;
   // --balance: one order of the whole set, the same on every rank (a
   // sampler of one rank); the balancer says which part of each global batch
-  // is this rank's.
+  // is this rank's. Elastic: the state's sampler, for the world and the
+  // samples of the epoch not yet taken.
   sampling.rank = options_.balance ? 0 : rank();
   sampling.world_size = options_.balance ? 1 : world_size();
-  DistributedSampler sampler(static_cast<size_t>(train.size), sampling);
+  std::unique_ptr<DistributedSampler> own_sampler;
+  if (!state)
+    own_sampler = std::make_unique<DistributedSampler>(static_cast<size_t>(train.size), sampling);
   steps_per_epoch_ = steps_for(train.size);
   if (options_.balance) {
     if (steps_per_epoch_ == 0) {
       throw ContractError("kolo::Trainer: options.balance needs at least one global batch of " +
                           std::to_string(global_batch) + " samples per epoch, the set has " +
-                          std::to_string(sampler.size()) +
+                          std::to_string(train.size) +
                           "; give more samples or a smaller batch_size");
     }
     BatchBalancerOptions balance;
@@ -120,30 +138,62 @@ Logs Trainer::fit(const Dataset& train, const Dataset* validation) {
     balancer_.reset();
   }
   stop_training = false;
-  for (auto& c : callbacks_) c->on_train_begin(*this);
+  // The state refers to this trainer while it trains this round (its
+  // callbacks' state goes into the commits), and not after.
+  struct Attach {
+    elastic::TrainerState* state;
+    ~Attach() {
+      if (state) state->trainer_ = nullptr;
+    }
+  } attach{state};
+  if (state) {
+    state->trainer_ = this;
+    begin_elastic(*state);
+  } else {
+    for (auto& c : callbacks_) c->on_train_begin(*this);
+  }
   Logs logs;
-  for (epoch_ = options_.initial_epoch; epoch_ < options_.epochs && !stop_training; ++epoch_) {
-    sampler.set_epoch(epoch_);
+  epoch_ = state ? state->epoch : options_.initial_epoch;
+  while (epoch_ < options_.epochs && !stop_training) {
+    DistributedSampler& sampler = state ? state->sampler() : *own_sampler;
+    if (!state) sampler.set_epoch(epoch_);
+    // Elastic: the batches done in earlier worlds count in the epoch's steps.
+    const int64_t first_step = state ? state->batch : 0;
+    if (state) {
+      const int64_t left = static_cast<int64_t>(sampler.size()) - sampler.position().next_index;
+      steps_per_epoch_ = first_step + (left + options_.batch_size - 1) / options_.batch_size;
+    }
     model_.train();
     for (auto& c : callbacks_) c->on_epoch_begin(*this, epoch_);
     const std::vector<size_t>& indices = sampler.indices();
     double loss_sum = 0;
     int64_t correct = 0;
     bool scored = true;
+    double uncommitted[3] = {0, 0, 0};  // elastic: loss sum, correct, samples since the last commit
+    bool committed = false;             // elastic: the last batch was committed
     seen_ = 0;
     const double epoch_start = now_s();
-    for (int64_t step = 0; step < steps_per_epoch_; ++step) {
+    if (state && state->totals_.started == 0) state->totals_.started = wall_s();
+    bool cut_short = false;
+    for (int64_t step = first_step; step < steps_per_epoch_; ++step) {
       for (auto& c : callbacks_) c->on_batch_begin(*this, step);
       const double step_start = now_s();
-      const size_t begin = balancer_ ? static_cast<size_t>(step) * global_batch +
-                                           static_cast<size_t>(balancer_->offset())
-                                     : static_cast<size_t>(step) * batch;
-      const size_t count = balancer_ ? static_cast<size_t>(balancer_->batch()) : batch;
-      const torch::Tensor rows = rows_of(indices, begin, std::min(indices.size(), begin + count));
+      torch::Tensor rows;
+      if (balancer_) {
+        const size_t begin =
+            static_cast<size_t>(step) * global_batch + static_cast<size_t>(balancer_->offset());
+        rows = rows_of(indices, begin,
+                       std::min(indices.size(), begin + static_cast<size_t>(balancer_->batch())));
+      } else {
+        const auto next = sampler.next(batch);
+        if (!next) break;  // the shard is exhausted (not before the last step)
+        rows = rows_of(*next, 0, next->size());
+      }
       const auto [inputs, targets] = train.get(rows);
       const auto [outputs, loss] = step_on(inputs, targets, balancer_.get(), step_start);
       const int64_t b = rows.size(0);
-      loss_sum += loss.item<double>() * static_cast<double>(b);
+      const double batch_loss = loss.item<double>() * static_cast<double>(b);
+      loss_sum += batch_loss;
       seen_ += b;
       const int64_t c = scored ? correct_of(outputs, targets) : -1;
       if (c < 0) scored = false;
@@ -151,19 +201,143 @@ Logs Trainer::fit(const Dataset& train, const Dataset* validation) {
       Logs batch_logs{{"loss", loss_sum / static_cast<double>(seen_)}};
       if (scored)
         batch_logs["accuracy"] = static_cast<double>(correct) / static_cast<double>(seen_);
+      if (state) {
+        uncommitted[0] += batch_loss;
+        uncommitted[1] += static_cast<double>(std::max<int64_t>(c, 0));
+        uncommitted[2] += static_cast<double>(b);
+        ++state->batch;  // the batches done, as on_batch_end sees them
+      }
+      const bool stopping = stop_training;
       for (auto& cb : callbacks_) cb->on_batch_end(*this, step, batch_logs);
+      // After on_batch_end, so that the commit holds what the callbacks did.
+      // A dead peer makes a step or the commit throw; elastic::run takes it from there.
+      committed = state && state->batch % state->options_.commit_every == 0;
+      if (committed) commit_elastic(*state, uncommitted);
+      if (!stopping && stop_training && step + 1 < steps_per_epoch_) {
+        cut_short = true;
+        break;
+      }
     }
-    epoch_seconds_ = now_s() - epoch_start;
-    const double seen = static_cast<double>(std::max<int64_t>(seen_, 1));
-    logs = {{"loss", loss_sum / seen}};
-    if (scored) logs["accuracy"] = static_cast<double>(correct) / seen;
+    if (cut_short) break;
+    if (state) {
+      // The end of an epoch is always a commit (unless its last batch was
+      // one); the epoch's metrics are then the world's over every round of it.
+      if (!committed) commit_elastic(*state, uncommitted);
+      const elastic::TrainerState::EpochTotals& totals = state->totals_;
+      epoch_seconds_ = std::max(wall_s() - totals.started, 1e-9);
+      const double samples = std::max(totals.samples, 1.0);
+      logs = {{"loss", totals.loss_sum / samples}};
+      if (scored) logs["accuracy"] = totals.correct / samples;
+    } else {
+      epoch_seconds_ = now_s() - epoch_start;
+      const double seen = static_cast<double>(std::max<int64_t>(seen_, 1));
+      logs = {{"loss", loss_sum / seen}};
+      if (scored) logs["accuracy"] = static_cast<double>(correct) / seen;
+    }
     if (validation) {
       for (const auto& [name, value] : evaluate(*validation)) logs["val_" + name] = value;
     }
     for (auto& c : callbacks_) c->on_epoch_end(*this, epoch_, logs);
+    ++epoch_;
+    if (state) {
+      // The next epoch starts from a commit with fresh totals.
+      state->epoch = epoch_;
+      state->batch = 0;
+      state->totals_ = {};
+      commit_elastic(*state, uncommitted);
+    }
   }
   for (auto& c : callbacks_) c->on_train_end(*this, logs);
   return logs;
+}
+
+void Trainer::check_elastic(const elastic::TrainerState& state, const Dataset& train) const {
+  const auto& o = state.options_;
+  const DistributedSamplerOptions& mine = options_.sampling;
+  if (options_.balance) {
+    throw ContractError(
+        "kolo::Trainer: options.balance and options.elastic do not combine (the balancer "
+        "splits one shuffled order of a fixed world); drop one of them");
+  }
+  if (optimizer_.zero_stage() != 0) {
+    throw ContractError(
+        "kolo::Trainer: options.elastic needs a DistributedOptimizer (zero_stage "
+        "0), not ZeRO stage " +
+        std::to_string(optimizer_.zero_stage()) +
+        ": an elastic commit holds the whole optimizer state on every rank");
+  }
+  if (&optimizer_.optimizer() != &state.optimizer_) {
+    throw ContractError(
+        "kolo::Trainer: the optimizer wraps another torch optimizer than the one the "
+        "elastic::TrainerState holds; build the state and the round's optimizer over the same one");
+  }
+  if (o.commit_every < 1) {
+    throw ContractError("kolo::elastic::TrainerState: options.commit_every must be >= 1, not " +
+                        std::to_string(o.commit_every));
+  }
+  if (static_cast<int64_t>(state.dataset_size()) != train.size) {
+    throw ContractError("kolo::Trainer: the elastic::TrainerState was built for " +
+                        std::to_string(state.dataset_size()) +
+                        " training samples, the training set has " + std::to_string(train.size));
+  }
+  if (mine.shuffle != o.sampling.shuffle || mine.seed != o.sampling.seed ||
+      mine.drop_last != o.sampling.drop_last) {
+    throw ContractError(
+        "kolo::Trainer: options.sampling (shuffle, seed, drop_last) differs from the "
+        "elastic::TrainerState's options.sampling; give both the same");
+  }
+}
+
+void Trainer::begin_elastic(elastic::TrainerState& state) {
+  // Continuing from a commit (a re-formation, a newcomer, a commit file):
+  // the callbacks get their committed state back, then set up for this world.
+  // (committed_world_ is 0 in a commit or sync made before any trainer began.)
+  const bool resumed = state.committed_world_ > 0;
+  if (resumed) {
+    if (state.restored_) {
+      if (options_.loss_scaler) options_.loss_scaler->restore(state.extras_);
+      for (size_t i = 0; i < callbacks_.size(); ++i) {
+        const std::string prefix = callback_prefix(i);
+        Callback::State mine;
+        for (const auto& [key, value] : state.extras_) {
+          if (key.rfind(prefix, 0) == 0) mine[key.substr(prefix.size())] = value;
+        }
+        callbacks_[i]->load_state(mine);
+      }
+      state.restored_ = false;
+    }
+    if (state.options_.scale_lr && state.committed_world_ > 0 &&
+        state.committed_world_ != world_size()) {
+      torch::optim::Optimizer& optimizer = optimizer_.optimizer();
+      apply_lr(optimizer, current_lr(optimizer) * world_size() / state.committed_world_);
+    }
+    for (auto& c : callbacks_) c->on_reset(*this);
+  } else {
+    state.restored_ = false;
+    for (auto& c : callbacks_) c->on_train_begin(*this);
+    // Where training starts (a callback's resume may have moved it), then
+    // the first commit: a fault before the next one returns here.
+    state.epoch = options_.initial_epoch;
+    state.batch = 0;
+    state.totals_ = {};
+  }
+  state.committed_world_ = world_size();
+  if (!resumed) state.commit();
+}
+
+void Trainer::commit_elastic(elastic::TrainerState& state, double (&uncommitted)[3]) {
+  TensorOpOptions sum;
+  static_cast<CallOptions&>(sum) = options_;
+  sum.op = ReduceOp::kSum;
+  const torch::Tensor sums =
+      allreduce(torch::tensor({uncommitted[0], uncommitted[1], uncommitted[2]}, torch::kDouble),
+                "trainer/epoch_totals", sum);
+  const auto* s = sums.data_ptr<double>();
+  state.totals_.loss_sum += s[0];
+  state.totals_.correct += s[1];
+  state.totals_.samples += s[2];
+  std::fill(std::begin(uncommitted), std::end(uncommitted), 0.0);
+  state.commit();
 }
 
 std::pair<torch::Tensor, torch::Tensor> Trainer::step_on(const torch::Tensor& inputs,
@@ -265,7 +439,7 @@ void MetricAverage::on_epoch_end(Trainer& trainer, int64_t, Logs& logs) {
 }
 
 void LearningRateWarmup::on_train_begin(Trainer& trainer) {
-  LrScheduleOptions o = options_;
+  LrScheduleOptions o = make_options_(trainer);
   o.steps_per_epoch = std::max<int64_t>(1, trainer.steps_per_epoch());
   schedule_ = std::make_unique<LrSchedule>(o);
 }
@@ -289,9 +463,12 @@ void LearningRateSchedule::on_epoch_end(Trainer& trainer, int64_t, Logs& logs) {
 void Throughput::on_epoch_end(Trainer& trainer, int64_t, Logs& logs) {
   const double seconds = std::max(trainer.epoch_seconds(), 1e-9);
   const int workers = trainer.world_size();
-  const double images = metric_average(static_cast<double>(trainer.samples_seen()),
-                                       "trainer/images", trainer.options()) *
-                        workers;
+  // Elastic: the world's samples over every round of the epoch, committed.
+  const elastic::TrainerState* state = trainer.options().elastic;
+  const double images = state ? state->totals().samples
+                              : metric_average(static_cast<double>(trainer.samples_seen()),
+                                               "trainer/images", trainer.options()) *
+                                    workers;
   logs["epoch_time"] = seconds;
   logs["images"] = images;
   logs["images_per_sec"] = images / seconds;
@@ -353,6 +530,29 @@ void EarlyStopping::on_train_begin(Trainer&) {
   have_best_ = false;
   wait_ = 0;
   stopped_epoch_ = -1;
+}
+
+Callback::State EarlyStopping::save_state() const {
+  char best[64];
+  std::snprintf(best, sizeof(best), "%a", best_);
+  return {{"best", best},
+          {"have_best", have_best_ ? "1" : "0"},
+          {"wait", std::to_string(wait_)},
+          {"stopped_epoch", std::to_string(stopped_epoch_)}};
+}
+
+void EarlyStopping::load_state(const State& state) {
+  if (state.empty()) return;  // committed before this callback was added
+  try {
+    best_ = std::strtod(state.at("best").c_str(), nullptr);
+    have_best_ = state.at("have_best") == "1";
+    wait_ = std::stoi(state.at("wait"));
+    stopped_epoch_ = std::stoll(state.at("stopped_epoch"));
+  } catch (const std::exception& e) {
+    throw ContractError(
+        std::string("kolo::EarlyStopping: a committed state without its entries (") + e.what() +
+        "); was the callback list changed between rounds?");
+  }
 }
 
 void EarlyStopping::on_epoch_end(Trainer& trainer, int64_t epoch, Logs& logs) {
@@ -417,6 +617,31 @@ void ProgressBar::on_batch_end(Trainer& trainer, int64_t step, Logs& logs) {
 void ProgressBar::on_epoch_end(Trainer& trainer, int64_t, Logs& logs) {
   if (trainer.rank() != 0) return;
   print(trainer.steps_per_epoch(), trainer.steps_per_epoch(), trainer.epoch_seconds(), logs, true);
+}
+
+// The columns and rows, each a line.
+Callback::State CsvLogger::save_state() const {
+  const auto lines = [](const std::vector<std::string>& items) {
+    std::string out;
+    for (const std::string& item : items) out += item + "\n";
+    return out;
+  };
+  return {{"columns", lines(columns_)}, {"rows", lines(rows_)}};
+}
+
+void CsvLogger::load_state(const State& state) {
+  const auto lines = [&](const char* key) {
+    std::vector<std::string> out;
+    const auto it = state.find(key);
+    if (it == state.end()) return out;
+    size_t begin = 0;
+    for (size_t end; (end = it->second.find('\n', begin)) != std::string::npos; begin = end + 1) {
+      out.push_back(it->second.substr(begin, end - begin));
+    }
+    return out;
+  };
+  columns_ = lines("columns");
+  rows_ = lines("rows");
 }
 
 void CsvLogger::on_epoch_end(Trainer& trainer, int64_t epoch, Logs& logs) {

@@ -45,6 +45,9 @@ class Optimizer;
 }
 
 #pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
+namespace kolo {
+class Trainer;
+}
 namespace kolo::elastic {
 
 class TorchState : public State {
@@ -70,6 +73,7 @@ class TorchState : public State {
   // Samples of the current epoch's order the whole world has taken (what a
   // commit now would record).
   int64_t consumed_samples() const;
+  size_t dataset_size() const { return dataset_size_; }
 
   // Something else every commit holds, e.g. a LossScaler's scale
   // (mixed_precision.h):
@@ -99,6 +103,87 @@ class TorchState : public State {
   int64_t pending_epoch_ = -1;
   int64_t pending_consumed_ = 0;
   std::vector<std::pair<std::function<Extras()>, std::function<void(const Extras&)>>> kept_;
+};
+
+// The state of an elastic kolo::Trainer::fit (Horovod's KerasState with its
+// commit and update callbacks built in; docs/elastic.md, "Elastic fit"):
+//
+//   kolo::elastic::TrainerState::Options elastic;
+//   elastic.commit_every = 10;          // batches between commits
+//   elastic.sampling.seed = 42;         // the training sampler's options
+//   kolo::elastic::TrainerState state(*model, adam, train.size, elastic);
+//   auto warmup = std::make_shared<kolo::LearningRateWarmup>(...);  // callbacks outlive rounds
+//   kolo::elastic::run(state, [&] {
+//     auto optimizer = kolo::make_parallel_optimizer(adam, *model, {});  // this world's
+//     kolo::TrainerOptions options;
+//     options.elastic = &state;
+//     kolo::Trainer trainer(*model, forward, loss, *optimizer, options);
+//     trainer.add(warmup);
+//     trainer.fit(train, &test);
+//   });
+//
+// fit() then trains from the state's position (epoch, batch, the samples of
+// the epoch the world has taken) and commits it every commit_every batches
+// and at every epoch's end. A commit holds what TorchState holds, plus the
+// epoch's training metrics summed over the world (so that an epoch's logs
+// cover all of it, whatever re-formations happened in it), the trainer's loss
+// scale (TrainerOptions::loss_scaler), every callback's save_state(), and the
+// world size it was made in (for scale_lr). The callbacks are the caller's,
+// kept across rounds; each round builds its optimizer and Trainer afresh
+// (both belong to that round's engine).
+struct TrainerStateOptions : State::Options {
+  // Batches between commits (each also asks kolorun whether workers wait
+  // to join); the end of every epoch is a commit too. After a fault at most
+  // commit_every - 1 batches are trained again.
+  int64_t commit_every = 100;
+  // When a commit made in a world of n ranks resumes in a world of m, every
+  // parameter group's rate becomes group 0's committed rate x m / n (the
+  // linear scaling rule; Horovod users do it in a reset callback). A rate
+  // set by a callback every batch (LearningRateWarmup) overrides it.
+  bool scale_lr = false;
+  // The training sampler's shuffle, seed and drop_last (TrainerOptions::
+  // sampling must agree: fit() checks); rank and world size are the world's.
+  DistributedSamplerOptions sampling;
+};
+class TrainerState : public TorchState {
+ public:
+  using Options = TrainerStateOptions;
+  // `model` and `optimizer` (what the round's ParallelOptimizer wraps) are
+  // the caller's and must outlive the state; `dataset_size`: the training set's.
+  TrainerState(torch::nn::Module& model, torch::optim::Optimizer& optimizer, size_t dataset_size,
+               Options options = {});
+  ~TrainerState() override;
+
+  const Options& trainer_options() const { return options_; }
+
+  // The current epoch's training metrics, summed over the world up to the
+  // last commit (the batches since are added at the next one).
+  struct EpochTotals {
+    double loss_sum = 0;  // sum over the samples of the loss
+    double correct = 0;   // correct predictions (class scores only)
+    double samples = 0;
+    double started = 0;  // when the epoch's first batch ran, system_clock seconds (0: not yet)
+  };
+  const EpochTotals& totals() const { return totals_; }
+
+ private:
+  // fit()'s side (torch/src/trainer.cc): it attaches itself for a round,
+  // applies restored extras to its callbacks, and updates the totals.
+  friend class kolo::Trainer;
+  Extras save_extras();
+  void restore_extras(const Extras& extras);
+
+  Options options_;
+  torch::optim::Optimizer& optimizer_;
+  EpochTotals totals_;
+  // The Trainer of the round being trained (nullptr between rounds: a sync
+  // at a round's start then sends the extras last committed or restored).
+  Trainer* trainer_ = nullptr;
+  Extras extras_;          // the callbacks' and the loss scaler's, as last committed or restored
+  bool restored_ = false;  // extras_ came from a restore that fit() has not applied yet
+  // The world size of the last commit (fit() sets it to its world's); 0 in
+  // a state no trainer has begun: a commit or sync of it is not a resume.
+  int committed_world_ = 0;
 };
 
 }  // namespace kolo::elastic

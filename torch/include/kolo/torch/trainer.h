@@ -21,6 +21,11 @@
 //   optimizer.zero_grad(); loss(forward(inputs), targets).backward(); optimizer.step();
 // so a Trainer run equals that loop with the same sampler and rates
 // (tests/torch/trainer_test.cc checks it to the last bit of float32).
+//
+// Elastic: with options.elastic (a kolo::elastic::TrainerState,
+// kolo/torch/elastic.h) fit() is the body of kolo::elastic::run: the same
+// loop, started from the state's position and committing it every
+// commit_every batches (docs/elastic.md, "Elastic fit").
 #pragma once
 
 #include <torch/types.h>
@@ -42,6 +47,9 @@
 
 namespace torch::nn {
 class Module;
+}
+namespace kolo::elastic {
+class TrainerState;
 }
 
 #pragma GCC visibility push(default)  // the exported API: cmake/kolo_targets.cmake
@@ -69,6 +77,19 @@ class Callback {
   virtual void on_batch_end(Trainer& trainer, int64_t step, Logs& logs) {}
   virtual void on_epoch_end(Trainer& trainer, int64_t epoch, Logs& logs) {}
   virtual void on_train_end(Trainer& trainer, Logs& logs) {}
+
+  // Elastic fit (TrainerOptions::elastic). When fit() continues from a
+  // commit (after a re-formation, in a newcomer, or from a commit file)
+  // on_reset runs instead of on_train_begin, in the new world, after the
+  // state was restored and synced from rank 0 and every callback's
+  // load_state() ran: set up again what depends on the world (its size, the
+  // steps per epoch), not what the commit restored.
+  virtual void on_reset(Trainer& trainer) {}
+  // What of the callback a commit holds, and its restore (the same keys;
+  // the trainer keeps each callback's keys apart). Default: nothing.
+  using State = std::map<std::string, std::string>;
+  virtual State save_state() const { return {}; }
+  virtual void load_state(const State& state) {}
 };
 
 // CallOptions: the engine, process set and timeout of the trainer's own
@@ -97,6 +118,11 @@ struct TrainerOptions : CallOptions {
   // rank takes balancer().batch() of them at balancer().offset(), and scales
   // its mean loss by balancer().gradient_weight() before backward().
   bool balance = false;
+  // Elastic training (kolo/torch/elastic.h, docs/elastic.md): fit() trains
+  // from this state's position and commits it; call fit() inside
+  // kolo::elastic::run(*elastic, ...). Not with balance, nor with a ZeRO
+  // optimizer (a commit holds the whole optimizer state on every rank).
+  elastic::TrainerState* elastic = nullptr;
 };
 
 class Trainer {
@@ -115,32 +141,34 @@ class Trainer {
   // callback sets stop_training); returns the last epoch's logs: "loss" and
   // "accuracy" (this rank's mean over its batches; MetricAverage averages
   // them over the ranks), "val_loss" and "val_accuracy" with a validation set.
+  // With options.elastic: from the state's epoch and batch, and "loss" and
+  // "accuracy" are the whole world's over the whole epoch (every round of it).
   Logs fit(const Dataset& train, const Dataset* validation = nullptr);
   // Collective. "loss" and "accuracy" (argmax of the outputs against integer
   // targets) over this rank's shard of `data`, averaged over the ranks; the
   // model in eval mode meanwhile (dropout off), in its previous mode after.
   Logs evaluate(const Dataset& data);
 
-  // Keras' train_on_batch, for training loops of one's own (the example's
-  // elastic run): one step of fit() on (inputs, targets) — zero_grad(),
-  // forward and loss (under options.autocast_bf16), backward() (of the loss
-  // scaled by options.loss_scaler), step(). Collective like every step; no
-  // callbacks run. Returns the batch's "loss" and, for class scores (B, C)
-  // against integer targets (B), its "accuracy".
+  // Keras' train_on_batch, for training loops of one's own: one step of fit() on (inputs, targets)
+  // — zero_grad(), forward and loss (under options.autocast_bf16), backward() (of the loss scaled
+  // by options.loss_scaler), step(). Collective like every step; no callbacks run. Returns the
+  // batch's "loss" and, for class scores (B, C) against integer targets (B), its "accuracy".
   Logs train_on_batch(const torch::Tensor& inputs, const torch::Tensor& targets);
 
   torch::nn::Module& model() { return model_; }
   ParallelOptimizer& optimizer() { return optimizer_; }
   const TrainerOptions& options() const { return options_; }
-  int64_t epoch() const { return epoch_; }                      // 0-based, during fit
-  int64_t steps_per_epoch() const { return steps_per_epoch_; }  // of this fit
+  int64_t epoch() const { return epoch_; }  // 0-based, during fit
+  // Of this fit; elastic: of the current epoch as this world trains it (the
+  // batches done before plus this world's share of the rest).
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
   // The steps fit() takes per epoch over a set of `samples` (for a rate
   // schedule built before fit): ceil(this rank's shard / batch_size), or with
   // options.balance floor(samples / global batch).
   int64_t steps_for(int64_t samples) const;
-  int64_t samples_seen() const { return seen_; }  // this rank, this epoch
+  int64_t samples_seen() const { return seen_; }  // this rank, this epoch (elastic: this round)
   // Seconds the epoch's training steps took (not its evaluation), set before
-  // on_epoch_end.
+  // on_epoch_end; elastic: since the epoch's first batch, in whichever world.
   double epoch_seconds() const { return epoch_seconds_; }
   // With options.balance, during fit(); else nullptr.
   const BatchBalancer* balancer() const { return balancer_.get(); }
@@ -148,7 +176,10 @@ class Trainer {
   int world_size() const;
   // Where fit() starts: set by a callback's on_train_begin (ModelCheckpoint's resume).
   void set_initial_epoch(int64_t epoch) { options_.initial_epoch = epoch; }
-  bool stop_training = false;  // set by a callback: fit() ends after this epoch
+  // Set by a callback: in on_batch_end, fit() ends after that batch (an
+  // epoch cut short gets no evaluation nor on_epoch_end; elastic: after the
+  // batch's commit, if it had one); anywhere else, after the epoch.
+  bool stop_training = false;
 
  private:
   torch::nn::Module& model_;
@@ -158,6 +189,14 @@ class Trainer {
   TrainerOptions options_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
   // The step of fit() and train_on_batch(): (outputs, loss).
+  // Elastic: on_train_begin or load_state + on_reset, scale_lr, the first commit.
+  void begin_elastic(elastic::TrainerState& state);
+  // Elastic: adds this rank's metric sums since the last commit to the
+  // world's totals (one allreduce), then commits.
+  void commit_elastic(elastic::TrainerState& state, double (&uncommitted)[3]);
+  void check_elastic(const elastic::TrainerState& state, const Dataset& train) const;
+  static std::string callback_prefix(size_t i);
+  friend class elastic::TrainerState;
   std::pair<torch::Tensor, torch::Tensor> step_on(const torch::Tensor& inputs,
                                                   const torch::Tensor& targets,
                                                   BatchBalancer* balancer, double step_start);
@@ -195,16 +234,22 @@ class MetricAverage : public Callback {
 
 // hvd.callbacks.LearningRateWarmupCallback (Goyal et al.): the rate of every
 // parameter group follows LrSchedule(options) per step (steps_per_epoch is
-// the trainer's); logs["lr"] holds the epoch's last rate.
+// the trainer's); logs["lr"] holds the epoch's last rate. The second form
+// derives the options from the trainer at train begin and, in an elastic
+// fit, again in every new world (on_reset): a rate scaled by its size.
 class LearningRateWarmup : public Callback {
  public:
-  explicit LearningRateWarmup(LrScheduleOptions options) : options_(options) {}
+  explicit LearningRateWarmup(LrScheduleOptions options)
+      : make_options_([options](const Trainer&) { return options; }) {}
+  explicit LearningRateWarmup(std::function<LrScheduleOptions(const Trainer&)> make_options)
+      : make_options_(std::move(make_options)) {}
   void on_train_begin(Trainer& trainer) override;
+  void on_reset(Trainer& trainer) override { on_train_begin(trainer); }
   void on_batch_begin(Trainer& trainer, int64_t step) override;
   void on_epoch_end(Trainer& trainer, int64_t epoch, Logs& logs) override;
 
  private:
-  LrScheduleOptions options_;
+  std::function<LrScheduleOptions(const Trainer&)> make_options_;
   std::unique_ptr<LrSchedule> schedule_;
   double lr_ = 0;
 };
@@ -272,6 +317,8 @@ class EarlyStopping : public Callback {
                          std::string mode = "min");
   void on_train_begin(Trainer& trainer) override;
   void on_epoch_end(Trainer& trainer, int64_t epoch, Logs& logs) override;
+  State save_state() const override;  // best, wait (an elastic fit commits them)
+  void load_state(const State& state) override;
   int64_t stopped_epoch() const { return stopped_epoch_; }  // -1 = did not stop
 
  private:
@@ -297,11 +344,10 @@ class ProgressBar : public Callback {
   void on_epoch_begin(Trainer& trainer, int64_t epoch) override;
   void on_batch_end(Trainer& trainer, int64_t step, Logs& logs) override;
   void on_epoch_end(Trainer& trainer, int64_t epoch, Logs& logs) override;
-  // One line as above (`done`: the epoch's last), for loops without a
-  // Trainer (the elastic example) that print the same bar.
-  static void print(int64_t step, int64_t steps, double elapsed_s, const Logs& logs, bool done);
 
  private:
+  // One line as above (`done`: the epoch's last).
+  static void print(int64_t step, int64_t steps, double elapsed_s, const Logs& logs, bool done);
   int lines_;
   double start_ = 0;
 };
@@ -310,11 +356,14 @@ class ProgressBar : public Callback {
 // logs' keys, sorted), the header first; the file is rewritten whole after
 // each epoch (written to a temporary file and renamed). A path that exists
 // and is not a regular file (/dev/stdout, /dev/null, a FIFO) gets the header
-// and then one row per epoch, written in place.
+// and then one row per epoch, written in place. Its rows are part of an
+// elastic commit: an epoch trained again after a fault has one row.
 class CsvLogger : public Callback {
  public:
   explicit CsvLogger(std::string path) : path_(std::move(path)) {}
   void on_epoch_end(Trainer& trainer, int64_t epoch, Logs& logs) override;
+  State save_state() const override;
+  void load_state(const State& state) override;
 
  private:
   std::string path_;
