@@ -16,6 +16,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -28,6 +31,7 @@
 #include "kolo/torch/optimizer_factory.h"
 #include "kolo/torch/trainer.h"
 #include "optimizer_harness.h"
+#include "temp_dir.h"
 #include "test_net.h"
 #include "torch_harness.h"
 #include "trainer_harness.h"
@@ -49,6 +53,11 @@ constexpr double kLr = 0.05;
 struct Data : testing::ClassificationData {
   Data() : ClassificationData(kSamples) {}
 };
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
 
 struct SimulatedFault : std::runtime_error {
   SimulatedFault() : std::runtime_error("a peer died") {}
@@ -87,12 +96,13 @@ struct Probe : Callback {
 // One rank of an elastic job: the model, SGD with momentum (its state is
 // committed too), the state and the callbacks; round() is one world's fit.
 struct Member {
-  Member(const zt::ZeroNet& initial, Communicator* world)
+  // `csv`: where rank 0's CsvLogger writes (a temporary directory's file).
+  Member(const zt::ZeroNet& initial, Communicator* world, const std::string& csv_path)
       : model(zt::copy_of(initial)),
         sgd(model->parameters(), torch::optim::SGDOptions(kLr).momentum(0.9)),
         state(*model, sgd, kSamples, options_for(world)),
         probe(std::make_shared<Probe>()),
-        csv(std::make_shared<CsvLogger>("/dev/null")) {}
+        csv(std::make_shared<CsvLogger>(csv_path)) {}
   static elastic::TrainerState::Options options_for(Communicator* world) {
     elastic::TrainerState::Options o;
     o.world = world;
@@ -141,16 +151,19 @@ TEST(ElasticTrainer, ALostRankMidEpochReformsAndEndsAsARestartFromTheCommit) {
   zt::ZeroNet initial;
   // Models made here: ranks as threads share torch's default generator.
   std::vector<std::unique_ptr<Member>> members, fresh;
+  testing::TempDir dir("kolo-elastic-trainer");
   auto state_comms3 = make_thread_communicators(3, kTorchTimeout);
   auto state_comms2 = make_thread_communicators(2, kTorchTimeout);
   auto fresh_comms = make_thread_communicators(2, kTorchTimeout);
   for (int r = 0; r < 3; ++r) {
-    members.push_back(std::make_unique<Member>(initial, state_comms3[r].get()));
+    members.push_back(std::make_unique<Member>(initial, state_comms3[r].get(),
+                                               dir.file("elastic" + std::to_string(r) + ".csv")));
     members.back()->data = &data;
     members.back()->probe->fail_at = 3;  // epoch 0 committed at batch 2, batch 3 never is
   }
   for (int r = 0; r < 2; ++r) {
-    fresh.push_back(std::make_unique<Member>(initial, fresh_comms[r].get()));
+    fresh.push_back(std::make_unique<Member>(initial, fresh_comms[r].get(),
+                                             dir.file("restart" + std::to_string(r) + ".csv")));
     fresh.back()->data = &data;
   }
   ThreadEngines three(3), two(2), restart(2);
@@ -217,6 +230,10 @@ TEST(ElasticTrainer, ALostRankMidEpochReformsAndEndsAsARestartFromTheCommit) {
     EXPECT_EQ(m.state.epoch, 2) << who;
     EXPECT_EQ(m.state.batch, 0) << who;
   }
+  // Rank 0's CSV: one row per epoch (its rows are committed), as the restart's.
+  const std::string csv = read_file(dir.file("elastic0.csv"));
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 3) << csv;
+  EXPECT_EQ(csv, read_file(dir.file("restart0.csv")));
 }
 
 TEST(ElasticTrainer, ACommitHoldsPositionTotalsLossScaleAndCallbacksState) {
@@ -224,7 +241,8 @@ TEST(ElasticTrainer, ACommitHoldsPositionTotalsLossScaleAndCallbacksState) {
   torch::manual_seed(12);
   const Data data;
   zt::ZeroNet initial;
-  Member m(initial, nullptr);  // a world of one: no communicator needed
+  testing::TempDir dir("kolo-elastic-trainer");
+  Member m(initial, nullptr, dir.file("m.csv"));  // a world of one: no communicator needed
   m.data = &data;
   ThreadEngines one(1);
   std::unique_ptr<Engine> engine = one.engine(0);
@@ -255,7 +273,7 @@ TEST(ElasticTrainer, ACommitHoldsPositionTotalsLossScaleAndCallbacksState) {
   // A fresh rank from the bytes: its callbacks get the committed state back
   // when its fit begins (on_reset, no on_train_begin), and it has nothing
   // left to train (epochs = 1 done).
-  Member other(initial, nullptr);
+  Member other(initial, nullptr, dir.file("other.csv"));
   other.data = &data;
   other.state.load_commit(committed);
   EXPECT_EQ(model_bytes(*other.model), model_bytes(*m.model));
