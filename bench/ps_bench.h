@@ -22,6 +22,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -61,6 +63,13 @@ struct PsWorkerOptions {
   int64_t rows = 10'000'000;
   std::string data_dir;
 };
+
+// The timed training loop of a worker (ps_worker.cc, ps_sparse_bench.cc):
+// runs step(epoch, s) for s in [0, steps_per_epoch) of each epoch, timing
+// only the steps, and returns the worker's row as far as the loop knows it:
+// role, rank, samples (steps * batch), seconds, steps.
+nlohmann::json run_timed_steps(int epochs, int64_t steps_per_epoch, int64_t batch,
+                               const std::function<void(int epoch, int64_t step)>& step);
 
 int run_ps_bench(const PsBenchOptions& options);
 int run_ps_worker(const PsWorkerOptions& options);

@@ -34,8 +34,6 @@
 namespace kolo::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 constexpr int64_t kDim = 64;
 constexpr int64_t kFields = 8;
 constexpr double kSkew = 6.0;        // P(row < x) = (x / rows)^(1 / kSkew)
@@ -199,35 +197,24 @@ int run_ps_sparse_worker(const PsWorkerOptions& o) {
   // Traffic of the training steps only: the initial evaluation's pulls are not in it.
   const ps::Worker::Stats dense_before = ps ? ps_worker->stats() : ps::Worker::Stats{};
   const ps::Embedding::Stats sparse_before = ps ? embedding->stats() : ps::Embedding::Stats{};
-  int64_t samples = 0, steps = 0;
-  const Clock::time_point start = Clock::now();
-  for (int epoch = 0; epoch < o.epochs; ++epoch) {
-    for (int64_t s = 0; s < steps_per_epoch; ++s) {
-      const torch::Tensor ids = train.ids.slice(0, s * o.batch, (s + 1) * o.batch);
-      const torch::Tensor y = train.y.slice(0, s * o.batch, (s + 1) * o.batch);
-      if (ps) {
-        ps_worker->pull();
-        head->zero_grad();
-      } else {
-        allreduce->zero_grad();
-      }
-      torch::binary_cross_entropy_with_logits(head->forward(embed(ids)), y).backward();
-      if (ps) {
-        embedding->push();
-        ps_worker->push();
-      } else {
-        allreduce->step();
-      }
-      samples += o.batch;
-      steps += 1;
+  nlohmann::json row = run_timed_steps(o.epochs, steps_per_epoch, o.batch, [&](int, int64_t s) {
+    const torch::Tensor ids = train.ids.slice(0, s * o.batch, (s + 1) * o.batch);
+    const torch::Tensor y = train.y.slice(0, s * o.batch, (s + 1) * o.batch);
+    if (ps) {
+      ps_worker->pull();
+      head->zero_grad();
+    } else {
+      allreduce->zero_grad();
     }
-  }
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  nlohmann::json row = {{"role", "worker"},
-                        {"rank", kolo::rank()},
-                        {"samples", samples},
-                        {"seconds", seconds},
-                        {"steps", steps}};
+    torch::binary_cross_entropy_with_logits(head->forward(embed(ids)), y).backward();
+    if (ps) {
+      embedding->push();
+      ps_worker->push();
+    } else {
+      allreduce->step();
+    }
+  });
+  const int64_t steps = row["steps"].get<int64_t>();
   if (ps) {
     // Per training step: taken before the evaluation's pulls below.
     const ps::Worker::Stats dense = ps_worker->stats();

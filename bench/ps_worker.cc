@@ -68,6 +68,24 @@ int64_t param_bytes(torch::nn::Module& module) {
 
 }  // namespace
 
+nlohmann::json run_timed_steps(int epochs, int64_t steps_per_epoch, int64_t batch,
+                               const std::function<void(int epoch, int64_t step)>& step) {
+  int64_t steps = 0;
+  const Clock::time_point start = Clock::now();
+  for (int epoch = 0; epoch < epochs; ++epoch) {
+    for (int64_t s = 0; s < steps_per_epoch; ++s) {
+      step(epoch, s);
+      steps += 1;
+    }
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return {{"role", "worker"},
+          {"rank", kolo::rank()},
+          {"samples", steps * batch},
+          {"seconds", seconds},
+          {"steps", steps}};
+}
+
 int run_ps_worker(const PsWorkerOptions& options) {
   if (options.model == "sparse") return run_ps_sparse_worker(options);
   torch::set_num_threads(1);
@@ -133,40 +151,33 @@ int run_ps_worker(const PsWorkerOptions& options) {
     allreduce = std::make_unique<DistributedOptimizer>(*sgd, model.module->named_parameters());
   }
 
-  int64_t samples = 0, steps = 0;
-  const Clock::time_point start = Clock::now();
-  for (int epoch = 0; epoch < options.epochs; ++epoch) {
-    torch::manual_seed(1000 + epoch * 100 + worker);
-    const torch::Tensor order = torch::randperm(per_worker, torch::kLong);
-    for (int64_t s = 0; s < steps_per_epoch; ++s) {
-      const torch::Tensor idx = order.slice(0, s * options.batch, (s + 1) * options.batch);
-      const torch::Tensor x = as_input(images.index_select(0, idx));
-      const torch::Tensor y = labels.index_select(0, idx);
-      if (ps) {
-        ps_worker->pull();
-        model.module->zero_grad();
-      } else {
-        allreduce->zero_grad();
-      }
-      torch::nn::functional::cross_entropy(model.forward(x), y).backward();
-      if (ps) {
-        ps_worker->push();
-      } else {
-        allreduce->step();
-      }
-      samples += options.batch;
-      steps += 1;
-    }
-  }
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  torch::Tensor order;  // this epoch's shuffle
+  nlohmann::json row =
+      run_timed_steps(options.epochs, steps_per_epoch, options.batch, [&](int epoch, int64_t s) {
+        if (s == 0) {
+          torch::manual_seed(1000 + epoch * 100 + worker);
+          order = torch::randperm(per_worker, torch::kLong);
+        }
+        const torch::Tensor idx = order.slice(0, s * options.batch, (s + 1) * options.batch);
+        const torch::Tensor x = as_input(images.index_select(0, idx));
+        const torch::Tensor y = labels.index_select(0, idx);
+        if (ps) {
+          ps_worker->pull();
+          model.module->zero_grad();
+        } else {
+          allreduce->zero_grad();
+        }
+        torch::nn::functional::cross_entropy(model.forward(x), y).backward();
+        if (ps) {
+          ps_worker->push();
+        } else {
+          allreduce->step();
+        }
+      });
+  const int64_t steps = row["steps"].get<int64_t>();
   // Per training step: taken before the evaluation's pull below.
   const ps::Worker::Stats moved = ps ? ps_worker->stats() : ps::Worker::Stats{};
   if (ps) ps_worker->pull();  // the parameters after every update this worker waited for
-  nlohmann::json row = {{"role", "worker"},
-                        {"rank", kolo::rank()},
-                        {"samples", samples},
-                        {"seconds", seconds},
-                        {"steps", steps}};
   if (ps) {
     row["bytes_per_step"] = (moved.bytes_pulled + moved.bytes_pushed) / std::max<int64_t>(1, steps);
     row["max_staleness_seen"] = moved.max_staleness_seen;
