@@ -179,7 +179,10 @@ TEST_F(PsCheckpoint, ADamagedShardIsAnErrorNamingIt) {
   resume.resume_from = dir.path();
   std::vector<Links> links = make_thread_links(kWorkers, 1, kTimeout);
   try {
+    // The constructor finds the shard; run() loads it (once every table is
+    // added) and refuses it before serving anyone.
     Server server(initial->named_parameters(), adam(), std::move(links[kWorkers]), resume);
+    server.run();
     FAIL() << "a damaged shard was loaded";
   } catch (const ContractError& e) {
     EXPECT_NE(std::string(e.what()).find(shard), std::string::npos) << e.what();

@@ -12,7 +12,9 @@
 //    index and the table's size, before anything reaches a server;
 //  - an empty batch pulls and pushes nothing and the step still completes;
 //  - a table that differs between worker and server, and a table push after
-//    the step's dense push, are refused.
+//    the step's dense push, are refused;
+//  - server checkpoints hold the tables: resumed equals uninterrupted, bit
+//    for bit (sync, Adagrad and Adam), and other tables are refused.
 #include "kolo/torch/ps_embedding.h"
 
 #include <gtest/gtest.h>
@@ -27,6 +29,7 @@
 
 #include "kolo/core/errors.h"
 #include "kolo/torch/parameter_server.h"
+#include "temp_dir.h"
 #include "thread_ranks.h"
 
 namespace kolo::ps {
@@ -86,7 +89,7 @@ using WorkFn = std::function<void(int worker, Worker& w, Embedding& e, torch::nn
 // Runs a W + S job as threads with one table: servers add `server_table`
 // and serve; workers build an Embedding of `worker_table` and run `work`.
 Job run_job(int workers, int num_servers, const EmbeddingOptions& server_table,
-            const EmbeddingOptions& worker_table, Mode mode, const WorkFn& work,
+            const EmbeddingOptions& worker_table, const PsOptions& options, const WorkFn& work,
             std::vector<std::exception_ptr>* errors = nullptr) {
   Job job;
   std::vector<Links> links = make_thread_links(workers, num_servers, kTimeout);
@@ -98,14 +101,14 @@ Job run_job(int workers, int num_servers, const EmbeddingOptions& server_table,
     if (rank >= workers) {
       const Roles roles = links[rank].roles;
       auto server = std::make_unique<Server>(head->named_parameters(), sgd(),
-                                             std::move(links[rank]), options_of(mode));
+                                             std::move(links[rank]), options);
       auto table = std::make_shared<EmbeddingTable>(server_table, roles);
       server->add_table(table);
       job.tables[rank - workers] = table;
       server->run();
       job.servers[rank - workers] = std::move(server);
     } else {
-      Worker w(head->named_parameters(), std::move(links[rank]), options_of(mode));
+      Worker w(head->named_parameters(), std::move(links[rank]), options);
       Embedding e(worker_table, w, 0);
       work(rank, w, e, head);
       w.finish();
@@ -141,7 +144,7 @@ TEST(PsEmbedding, PullAndPushTouchExactlyTheRowsNamed) {
   // Worker 0 names rows of both servers' ranges (0..19 | 20..39), worker 1 others.
   const std::vector<std::vector<int64_t>> named = {{1, 5, 5, 21, 38}, {5, 7, 30, 30, 30}};
   Job job = run_job(
-      2, 2, table, table, Mode::kSync,
+      2, 2, table, table, options_of(Mode::kSync),
       [&](int rank, Worker& w, Embedding& e, torch::nn::Linear& head) {
         const torch::Tensor ids = torch::tensor(named[rank], torch::kLong).view({1, -1});
         step(w, e, head, ids, torch::ones({1}));
@@ -169,23 +172,24 @@ TEST(PsEmbedding, PullAndPushTouchExactlyTheRowsNamed) {
 
 TEST(PsEmbedding, DuplicateIndicesPullOnceAndSumTheGradient) {
   const EmbeddingOptions table = table_of(10, SparseOptimizerOptions::Kind::kAdagrad);
-  Job job = run_job(
-      1, 1, table, table, Mode::kSync, [&](int, Worker& w, Embedding& e, torch::nn::Linear& head) {
-        w.pull();
-        const torch::Tensor out = e.forward(torch::tensor({5, 5, 5, 2}, torch::kLong));
-        ASSERT_EQ(out.sizes(), (std::vector<int64_t>{4, kDim}));
-        const torch::Tensor initial = embedding_init(table, 0, 10);
-        EXPECT_TRUE(torch::equal(out[0], initial[5]));
-        EXPECT_TRUE(torch::equal(out[2], initial[5]));
-        EXPECT_TRUE(torch::equal(out[3], initial[2]));
-        EXPECT_EQ(e.stats().rows_pulled, 2);
-        // d(sum out * weights)/d row 5 = w0 + w1 + w2, row 2 = w3.
-        const torch::Tensor weights = torch::arange(1, 5, torch::kFloat).view({4, 1});
-        head->zero_grad();
-        (out * weights).sum().backward();
-        e.push();
-        w.push();
-      });
+  Job job =
+      run_job(1, 1, table, table, options_of(Mode::kSync),
+              [&](int, Worker& w, Embedding& e, torch::nn::Linear& head) {
+                w.pull();
+                const torch::Tensor out = e.forward(torch::tensor({5, 5, 5, 2}, torch::kLong));
+                ASSERT_EQ(out.sizes(), (std::vector<int64_t>{4, kDim}));
+                const torch::Tensor initial = embedding_init(table, 0, 10);
+                EXPECT_TRUE(torch::equal(out[0], initial[5]));
+                EXPECT_TRUE(torch::equal(out[2], initial[5]));
+                EXPECT_TRUE(torch::equal(out[3], initial[2]));
+                EXPECT_EQ(e.stats().rows_pulled, 2);
+                // d(sum out * weights)/d row 5 = w0 + w1 + w2, row 2 = w3.
+                const torch::Tensor weights = torch::arange(1, 5, torch::kFloat).view({4, 1});
+                head->zero_grad();
+                (out * weights).sum().backward();
+                e.push();
+                w.push();
+              });
   // One Adagrad step from a zero accumulator moves each touched element by
   // -lr * g / (|g| + eps) = -lr * sign(g): row 5 and row 2 by -0.1, no other.
   const torch::Tensor initial = embedding_init(table, 0, 10);
@@ -258,7 +262,7 @@ TEST_P(PsEmbeddingSync, EqualsOneProcessWithTheWholeBatch) {
     ys.push_back(torch::randn({c.workers * kBatch}));
   }
 
-  Job job = run_job(c.workers, c.servers, table, table, Mode::kSync,
+  Job job = run_job(c.workers, c.servers, table, table, options_of(Mode::kSync),
                     [&](int rank, Worker& w, Embedding& e, torch::nn::Linear& head) {
                       for (int s = 0; s < kSteps; ++s) {
                         step(w, e, head, ids[s].slice(0, rank * kBatch, (rank + 1) * kBatch),
@@ -306,7 +310,7 @@ INSTANTIATE_TEST_SUITE_P(, PsEmbeddingSync,
 TEST(PsEmbedding, AsyncAppliesEveryPushAsItComes) {
   const EmbeddingOptions table = table_of(30, SparseOptimizerOptions::Kind::kAdagrad);
   constexpr int kSteps = 5;
-  Job job = run_job(2, 2, table, table, Mode::kAsync,
+  Job job = run_job(2, 2, table, table, options_of(Mode::kAsync),
                     [&](int rank, Worker& w, Embedding& e, torch::nn::Linear& head) {
                       // Server 0 holds rows 0..14, server 1 rows 15..29.
                       const torch::Tensor ids =
@@ -365,7 +369,7 @@ TEST(PsEmbedding, IndexOutOfRangeIsAContractErrorOnEveryWorker) {
   const std::vector<int64_t> bad = {10, -1};
   std::vector<std::exception_ptr> errors;
   Job job = run_job(
-      2, 1, table, table, Mode::kSync,
+      2, 1, table, table, options_of(Mode::kSync),
       [&](int rank, Worker& w, Embedding& e, torch::nn::Linear&) {
         w.pull();
         e.forward(torch::tensor({int64_t{3}, bad[rank], int64_t{4}}, torch::kLong));
@@ -389,7 +393,7 @@ TEST(PsEmbedding, IndexOutOfRangeIsAContractErrorOnEveryWorker) {
 TEST(PsEmbedding, AnEmptyBatchPullsAndPushesNothing) {
   const EmbeddingOptions table = table_of(10, SparseOptimizerOptions::Kind::kAdagrad);
   constexpr int kSteps = 3;
-  Job job = run_job(2, 1, table, table, Mode::kSync,
+  Job job = run_job(2, 1, table, table, options_of(Mode::kSync),
                     [&](int rank, Worker& w, Embedding& e, torch::nn::Linear& head) {
                       for (int s = 0; s < kSteps; ++s) {
                         if (rank == 0) {
@@ -417,7 +421,7 @@ TEST(PsEmbedding, ATableThatDiffersIsRefused) {
   other.dim = kDim + 1;
   std::vector<std::exception_ptr> errors;
   run_job(
-      1, 1, table, other, Mode::kAsync,
+      1, 1, table, other, options_of(Mode::kAsync),
       [&](int, Worker& w, Embedding& e, torch::nn::Linear&) {
         w.pull();
         e.forward(torch::tensor({1}, torch::kLong));
@@ -435,7 +439,7 @@ TEST(PsEmbedding, PushAfterTheDensePushIsRefused) {
   const EmbeddingOptions table = table_of(10, SparseOptimizerOptions::Kind::kAdagrad);
   std::vector<std::exception_ptr> errors;
   run_job(
-      1, 1, table, table, Mode::kAsync,
+      1, 1, table, table, options_of(Mode::kAsync),
       [&](int, Worker& w, Embedding& e, torch::nn::Linear& head) {
         w.pull();
         head->zero_grad();
@@ -452,25 +456,83 @@ TEST(PsEmbedding, PushAfterTheDensePushIsRefused) {
   }
 }
 
-TEST(PsEmbedding, ServerCheckpointsWithATableAreRefused) {
-  // Server checkpoints hold the dense shard only: a resumed table would
-  // silently restart from its initial rows.
-  std::vector<Links> links = make_thread_links(1, 1, kTimeout);
-  torch::nn::Linear head = make_head();
-  PsOptions options = options_of(Mode::kSync);
-  options.checkpoint_dir = "/tmp/kolo-ps-embedding-test-never-written";
-  options.checkpoint_every = 1;
-  const Roles roles = links[1].roles;
-  Server server(head->named_parameters(), sgd(), std::move(links[1]), options);
-  const EmbeddingOptions table = table_of(10, SparseOptimizerOptions::Kind::kAdagrad);
-  try {
-    server.add_table(std::make_shared<EmbeddingTable>(table, roles));
-    FAIL() << "add_table accepted a table with checkpoints";
-  } catch (const ContractError& e) {
-    EXPECT_NE(std::string(e.what()).find("do not hold sparse tables"), std::string::npos)
-        << e.what();
+// Server checkpoints hold the tables: 2 workers and 2 servers train a table
+// and the dense head in sync mode for 3 steps and save; a new job resuming
+// from the save for 3 more steps ends bit for bit where 6 uninterrupted steps
+// end: the rows, the row-wise optimizer state (Adagrad's accumulator; Adam's
+// moments and per-row step counts) and the head. A job with other tables is
+// refused naming them.
+class PsEmbeddingCheckpoint : public ::testing::TestWithParam<SparseOptimizerOptions::Kind> {};
+
+TEST_P(PsEmbeddingCheckpoint, ResumedEqualsUninterrupted) {
+  constexpr int kSteps = 6, kSaveAt = 3;
+  constexpr int64_t kBatch = 5, kFields = 3, kRows = 23;
+  const EmbeddingOptions table = table_of(kRows, GetParam());
+  torch::manual_seed(29);
+  std::vector<torch::Tensor> ids, ys;
+  for (int s = 0; s < kSteps; ++s) {
+    ids.push_back(torch::randint(0, kRows, {2 * kBatch, kFields}, torch::kLong));
+    ys.push_back(torch::randn({2 * kBatch}));
   }
+  // Worker `rank` trains from its clock (the saved step when resumed) to `until`.
+  auto train_until = [&](int until) {
+    return [&, until](int rank, Worker& w, Embedding& e, torch::nn::Linear& head) {
+      for (int64_t s = w.clock(); s < until; ++s) {
+        step(w, e, head, ids[s].slice(0, rank * kBatch, (rank + 1) * kBatch),
+             ys[s].slice(0, rank * kBatch, (rank + 1) * kBatch));
+      }
+      w.pull();  // the final dense parameters
+    };
+  };
+  testing::TempDir dir("kolo-ps-embedding-checkpoint");
+  const Job reference = run_job(2, 2, table, table, options_of(Mode::kSync), train_until(kSteps));
+  PsOptions save = options_of(Mode::kSync);
+  save.checkpoint_dir = dir.path();
+  save.checkpoint_every = kSaveAt;
+  run_job(2, 2, table, table, save, train_until(kSaveAt));
+  PsOptions resume = options_of(Mode::kSync);
+  resume.resume_from = dir.path();
+  const Job resumed = run_job(2, 2, table, table, resume, train_until(kSteps));
+
+  EXPECT_TRUE(torch::equal(assemble(resumed), assemble(reference)))
+      << "max difference " << (assemble(resumed) - assemble(reference)).abs().max().item<float>();
+  for (int s = 0; s < 2; ++s) {
+    const auto mine = resumed.tables[s]->state();
+    const auto theirs = reference.tables[s]->state();
+    ASSERT_EQ(mine.size(), theirs.size());
+    for (size_t i = 0; i < mine.size(); ++i) {
+      EXPECT_TRUE(torch::equal(mine[i].second, theirs[i].second))
+          << "server " << s << " table state '" << mine[i].first << "'";
+    }
+  }
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_TRUE(torch::equal(resumed.heads[w]->weight, reference.heads[w]->weight));
+    EXPECT_TRUE(torch::equal(resumed.heads[w]->bias, reference.heads[w]->bias));
+  }
+
+  // Another table (another name) on the servers: refused, naming both.
+  EmbeddingOptions other = table;
+  other.name = "users";
+  std::vector<std::exception_ptr> errors;
+  run_job(1, 2, other, other, resume, train_until(kSteps), &errors);
+  ASSERT_TRUE(errors[1]);
+  try {
+    std::rethrow_exception(errors[1]);
+  } catch (const ContractError& e) {
+    const std::string text = e.what();
+    EXPECT_NE(text.find("ps-shard-0-of-2.kolo"), std::string::npos) << text;
+    EXPECT_NE(text.find("'items'"), std::string::npos) << text;
+    EXPECT_NE(text.find("'users'"), std::string::npos) << text;
+  }
+  EXPECT_TRUE(errors[0]) << "the worker got the servers' error, not a hang";
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    , PsEmbeddingCheckpoint,
+    ::testing::Values(SparseOptimizerOptions::Kind::kAdagrad, SparseOptimizerOptions::Kind::kAdam),
+    [](const auto& info) {
+      return std::string(info.param == SparseOptimizerOptions::Kind::kAdam ? "Adam" : "Adagrad");
+    });
 
 }  // namespace
 }  // namespace kolo::ps

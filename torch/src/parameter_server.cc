@@ -115,8 +115,9 @@ struct Server::Impl {
   torch::Tensor round_sum;     // sync: the sum of this round's pushes
   std::exception_ptr failure;  // set when a sync server stops
   std::vector<std::string> lost;
-  int64_t resumed_step = 0;  // the step of the checkpoint resumed from (0: none)
-  int64_t saved_step = 0;    // the last step saved (or resumed from)
+  int64_t resumed_step = 0;     // the step of the checkpoint resumed from (0: none)
+  bool resume_pending = false;  // resume_from: loaded by run(), once every table is added
+  int64_t saved_step = 0;       // the last step saved (or resumed from)
   std::vector<std::shared_ptr<EmbeddingTable>> tables;  // sparse tables (ps_embedding.h)
   // Per worker: a restarted worker's new link is up but its kRejoin has not
   // come yet (the server must not end while one is on its way back).
@@ -151,7 +152,7 @@ struct Server::Impl {
     if (options.mode == Mode::kSync && clocks.rounds_applied() < step) return;
     saved_step = step;
     try {
-      detail::save_shard(options.checkpoint_dir, identity(), step, slices, *optimizer);
+      detail::save_shard(options.checkpoint_dir, identity(), step, shard_tensors(), *optimizer);
     } catch (const std::exception& e) {
       const std::string reason = name() + ": saving its checkpoint at step " +
                                  std::to_string(step) + " failed: " + e.what();
@@ -162,6 +163,31 @@ struct Server::Impl {
 
   detail::ShardIdentity identity() const {
     return {server, links.roles.servers, fingerprint, options.mode};
+  }
+
+  // What a checkpoint of this server holds: the slices and every table.
+  detail::ShardTensors shard_tensors() const {
+    detail::ShardTensors tensors;
+    tensors.slices = slices;
+    for (const auto& table : tables) tensors.tables.push_back({table->identity(), table->state()});
+    return tensors;
+  }
+
+  // resume_from, at the start of run(): the shard (slices, tables, optimizer)
+  // and the step every worker continues from. A shard that does not load
+  // aborts every link, so that the workers get the error instead of waiting.
+  void resume() {
+    try {
+      torch::NoGradGuard no_grad;
+      resumed_step =
+          detail::load_shard(options.resume_from, identity(), shard_tensors(), *optimizer);
+    } catch (const std::exception& e) {
+      for (auto& link : links.peers) link->abort(name() + ": " + e.what(), {});
+      throw;
+    }
+    saved_step = resumed_step;
+    clocks.resume(resumed_step);
+    resume_pending = false;
   }
 
   // Sync: applies the round's average (dense and every table's rows) once.
@@ -495,9 +521,10 @@ Server::Server(const NamedParameters& parameters, const OptimizerFactory& make_o
                         "; give checkpoint_dir and checkpoint_every > 0, or 0 for no checkpoints");
   }
   if (!options.resume_from.empty()) {
-    s.resumed_step = detail::load_shard(options.resume_from, s.identity(), s.slices, *s.optimizer);
-    s.saved_step = s.resumed_step;
-    s.clocks.resume(s.resumed_step);
+    // Here the shard must exist; run() loads it, once add_table() has given
+    // every table it holds.
+    detail::check_shard_exists(options.resume_from, s.identity());
+    s.resume_pending = true;
   }
   s.round_sum = torch::zeros({s.numel}, s.dtype);
 }
@@ -506,18 +533,11 @@ Server::~Server() = default;
 
 void Server::add_table(std::shared_ptr<EmbeddingTable> table) {
   if (!table) throw ContractError(impl_->name() + ": add_table(nullptr)");
-  if (impl_->options.checkpoint_every > 0 || !impl_->options.resume_from.empty()) {
-    // A resumed job would restart the table from its initial rows while the
-    // dense shard continues: refuse rather than train a silently mixed model.
-    throw ContractError(impl_->name() + ": sparse table '" + table->options().name +
-                        "' with server checkpoints (PsOptions::checkpoint_every or resume_from): "
-                        "server checkpoints do not hold sparse tables yet; train the table "
-                        "without them");
-  }
   impl_->tables.push_back(std::move(table));
 }
 
 void Server::run() {
+  if (impl_->resume_pending) impl_->resume();
   std::vector<std::thread> threads;
   for (int w = 0; w < impl_->links.roles.workers; ++w) {
     threads.emplace_back([this, w] { impl_->serve(w); });

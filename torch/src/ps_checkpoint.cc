@@ -14,13 +14,20 @@
 namespace kolo::ps::detail {
 namespace {
 
-// The shard's slices as a module's parameters "s0", "s1", ..., so that the
-// checkpoint's payload code saves and checks them as any model's (the
-// parameters are the slices themselves: loading writes into them).
+// The shard's slices as a module's parameters "s0", "s1", ..., and its
+// tables' tensors as buffers "t<t>_<name>", so that the checkpoint's payload
+// code saves and checks them as any model's (they are the tensors
+// themselves: loading writes into them).
 struct ShardModule : torch::nn::Module {
-  explicit ShardModule(const std::vector<torch::Tensor>& slices) {
-    for (size_t i = 0; i < slices.size(); ++i) {
-      register_parameter("s" + std::to_string(i), slices[i], slices[i].requires_grad());
+  explicit ShardModule(const ShardTensors& tensors) {
+    for (size_t i = 0; i < tensors.slices.size(); ++i) {
+      register_parameter("s" + std::to_string(i), tensors.slices[i],
+                         tensors.slices[i].requires_grad());
+    }
+    for (size_t t = 0; t < tensors.tables.size(); ++t) {
+      for (const auto& [name, tensor] : tensors.tables[t].tensors) {
+        register_buffer("t" + std::to_string(t) + "_" + name, tensor);
+      }
     }
   }
 };
@@ -54,8 +61,7 @@ std::string shard_path(const std::string& dir, int server, int servers) {
 }
 
 void save_shard(const std::string& dir, const ShardIdentity& who, int64_t step,
-                const std::vector<torch::Tensor>& slices,
-                const torch::optim::Optimizer& optimizer) {
+                const ShardTensors& tensors, const torch::optim::Optimizer& optimizer) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
@@ -68,13 +74,16 @@ void save_shard(const std::string& dir, const ShardIdentity& who, int64_t step,
   state.extras["ps/servers"] = std::to_string(who.servers);
   state.extras["ps/fingerprint"] = std::to_string(who.fingerprint);
   state.extras["ps/mode"] = mode_name(who.mode);
-  const ShardModule module(slices);
+  state.extras["ps/tables"] = std::to_string(tensors.tables.size());
+  for (size_t t = 0; t < tensors.tables.size(); ++t) {
+    state.extras["ps/table" + std::to_string(t)] = tensors.tables[t].identity;
+  }
+  const ShardModule module(tensors);
   write_checkpoint_file(shard_path(dir, who.server, who.servers),
                         encode_checkpoint(module, &optimizer, state));
 }
 
-int64_t load_shard(const std::string& dir, const ShardIdentity& who,
-                   const std::vector<torch::Tensor>& slices, torch::optim::Optimizer& optimizer) {
+void check_shard_exists(const std::string& dir, const ShardIdentity& who) {
   const std::string path = shard_path(dir, who.server, who.servers);
   if (!std::filesystem::exists(path)) {
     const std::set<int> counts = server_counts_in(dir);
@@ -89,12 +98,43 @@ int64_t load_shard(const std::string& dir, const ShardIdentity& who,
     }
     throw ContractError(message);
   }
-  ShardModule module(slices);
-  const CheckpointState state =
-      decode_checkpoint(read_checkpoint_file(path), module, &optimizer, path);
+}
+
+int64_t load_shard(const std::string& dir, const ShardIdentity& who, const ShardTensors& tensors,
+                   torch::optim::Optimizer& optimizer) {
+  check_shard_exists(dir, who);
+  const std::string path = shard_path(dir, who.server, who.servers);
+  const std::string file = read_checkpoint_file(path);
   const auto refuse = [&](const std::string& what) {
     throw ContractError("kolo::ps server checkpoint '" + path + "': " + what);
   };
+  ShardModule module(tensors);
+  CheckpointState state;
+  try {
+    // Checks the whole structure (a table more or less, or of another
+    // size or optimizer, is a tensor the shard does not hold) before it
+    // writes into any tensor.
+    state = decode_checkpoint(file, module, &optimizer, path);
+  } catch (const ContractError& e) {
+    throw ContractError(std::string(e.what()) +
+                        " (a server checkpoint holds the server's sparse tables too: add the "
+                        "same tables, in the same order, as the job that saved it)");
+  }
+  const auto tables = state.extras.find("ps/tables");
+  const std::string count = tables == state.extras.end() ? "0" : tables->second;
+  if (count != std::to_string(tensors.tables.size())) {
+    refuse("it holds " + count + " sparse table(s), this server has " +
+           std::to_string(tensors.tables.size()) +
+           "; add the same tables (Server::add_table) as the job that saved it");
+  }
+  for (size_t t = 0; t < tensors.tables.size(); ++t) {
+    const std::string theirs = extra(state, "ps/table" + std::to_string(t), path);
+    if (theirs != tensors.tables[t].identity) {
+      refuse("its table " + std::to_string(t) + " is " + theirs + ", this server's " +
+             tensors.tables[t].identity +
+             "; add the same tables, in the same order, as the job that saved it");
+    }
+  }
   if (extra(state, "ps/servers", path) != std::to_string(who.servers) ||
       extra(state, "ps/server", path) != std::to_string(who.server)) {
     refuse("it is the shard of server " + extra(state, "ps/server", path) + " of " +

@@ -9,6 +9,11 @@
 // index, the server count, the model's fingerprint and the mode. Every shard
 // of one save carries the same step; a worker greeting servers that resumed
 // from different steps refuses them (a mix of two saves).
+//
+// Sparse tables (kolo/torch/ps_embedding.h) are in the same file: table t's
+// rows and row-wise optimizer state as buffers "t<t>_weight", "t<t>_state1",
+// ... and extras "ps/tables" (their count) and "ps/table<t>" (what the table
+// is: name, rows, dim, optimizer), checked on resume.
 #pragma once
 
 #include <torch/types.h>
@@ -32,19 +37,37 @@ struct ShardIdentity {
   Mode mode = Mode::kSync;
 };
 
+// One sparse table's part of a shard: what it is (compared on resume) and
+// its tensors by name (the rows and the optimizer state; loading writes into
+// them in place).
+struct ShardTable {
+  std::string identity;
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+};
+
+// What a shard holds besides the optimizer.
+struct ShardTensors {
+  std::vector<torch::Tensor> slices;  // the dense slices (1-D leaves)
+  std::vector<ShardTable> tables;
+};
+
 std::string shard_path(const std::string& dir, int server, int servers);
 
 // Writes the shard saved at `step` (atomically: a crash leaves the previous
 // save of this shard or this one).
 void save_shard(const std::string& dir, const ShardIdentity& who, int64_t step,
-                const std::vector<torch::Tensor>& slices, const torch::optim::Optimizer& optimizer);
+                const ShardTensors& tensors, const torch::optim::Optimizer& optimizer);
 
-// Loads this server's shard from `dir` into the slices (in place) and the
+// ContractError naming the file when this server's shard is not in `dir`
+// (and, when the directory holds another server count's shards, saying to
+// resume with that count).
+void check_shard_exists(const std::string& dir, const ShardIdentity& who);
+
+// Loads this server's shard from `dir` into the tensors (in place) and the
 // optimizer; returns the saved step. ContractError naming the file when it
-// is missing (and, when the directory holds another server count's shards,
-// saying to resume with that count), damaged, or saved by another model or
-// server (a save in another mode resumes: its state is the same).
-int64_t load_shard(const std::string& dir, const ShardIdentity& who,
-                   const std::vector<torch::Tensor>& slices, torch::optim::Optimizer& optimizer);
+// is missing, damaged, or saved by another model, server or set of tables (a
+// save in another mode resumes: its state is the same).
+int64_t load_shard(const std::string& dir, const ShardIdentity& who, const ShardTensors& tensors,
+                   torch::optim::Optimizer& optimizer);
 
 }  // namespace kolo::ps::detail

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 
 #include "kolo/core/errors.h"
 #include "kolo/torch/parameter_server.h"
@@ -89,6 +90,29 @@ EmbeddingTable::EmbeddingTable(const EmbeddingOptions& options, const Roles& rol
     state2_ = torch::zeros({part.count, options.dim}, torch::kFloat);
     steps_ = torch::zeros({part.count}, torch::kLong);
   }
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> EmbeddingTable::state() const {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors = {{"weight", weight_},
+                                                                {"state1", state1_}};
+  if (state2_.defined()) tensors.emplace_back("state2", state2_);
+  if (steps_.defined()) tensors.emplace_back("steps", steps_);
+  return tensors;
+}
+
+std::string EmbeddingTable::identity() const {
+  const SparseOptimizerOptions& o = options_.optimizer;
+  std::ostringstream text;
+  text << "'" << options_.name << "' (" << options_.rows << " rows x " << options_.dim << ", "
+       << (o.kind == SparseOptimizerOptions::Kind::kAdagrad ? "adagrad" : "adam") << " lr " << o.lr
+       << " eps " << o.eps;
+  if (o.kind == SparseOptimizerOptions::Kind::kAdam) {
+    text << " betas " << o.beta1 << " " << o.beta2;
+  } else {
+    text << " initial_accumulator " << o.initial_accumulator;
+  }
+  text << ")";
+  return text.str();
 }
 
 torch::Tensor EmbeddingTable::gather(const torch::Tensor& local) {

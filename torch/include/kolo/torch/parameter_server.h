@@ -88,8 +88,11 @@ struct PsOptions {
   std::chrono::milliseconds idle_timeout = std::chrono::hours(24);
   // Server checkpoints (servers only; docs/strategies.md): every
   // checkpoint_every steps (0 = never) each server writes its shard to
-  // checkpoint_dir; with resume_from the servers start from the shards there
-  // and every worker continues at the saved step.
+  // checkpoint_dir (the dense slices, the optimizer state and every sparse
+  // table's rows and row-wise state); with resume_from the servers start
+  // from the shards there (the constructor checks the shard is there, run()
+  // loads it once every table is added) and every worker continues at the
+  // saved step.
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   std::string resume_from;
@@ -110,12 +113,14 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   // Adds a sparse embedding table (kolo/torch/ps_embedding.h) before run():
-  // workers name it by its index, in the order of the calls. Not with
-  // server checkpoints (ContractError: they do not hold tables yet).
+  // workers name it by its index, in the order of the calls. Server
+  // checkpoints hold it; resuming needs the same tables in the same order.
   void add_table(std::shared_ptr<EmbeddingTable> table);
 
   // Serves every worker (one thread per link) until each has finished or
-  // left. Throws the RuntimeFault that stopped a synchronous server.
+  // left. Throws the RuntimeFault that stopped a synchronous server, and the
+  // ContractError of a checkpoint (resume_from) that does not load (every
+  // worker's link is aborted with it).
   void run();
 
   struct Stats {

@@ -55,6 +55,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kolo/core/parameter_server.h"
@@ -111,6 +112,14 @@ class EmbeddingTable {
   // (sum per row / pushes) once.
   void accumulate(const torch::Tensor& local, const torch::Tensor& grads);
   void apply_round(int pushes);
+
+  // The tensors a server checkpoint holds, by name: the rows ("weight") and
+  // the row-wise optimizer state (Adagrad's accumulator; Adam's m, v and
+  // per-row step counts). The table's own tensors: loading writes into them.
+  std::vector<std::pair<std::string, torch::Tensor>> state() const;
+  // What the table is, for a checkpoint to compare on resume: name, rows,
+  // dim, optimizer and its settings.
+  std::string identity() const;
 
   struct Stats {
     int64_t rows_read = 0;     // rows gathered (pulls)
