@@ -287,6 +287,18 @@ TEST(ElasticTrainer, ACommitHoldsPositionTotalsLossScaleAndCallbacksState) {
   EXPECT_EQ(other_early->save_state(), early_state);
   EXPECT_EQ(other_scaler.scale_value(), 256);
 
+  // LearningRateSchedule (rate x 0.5 at each epoch's start): a fit resumed
+  // within an epoch keeps the epoch's committed rate instead of halving it
+  // again. Epoch 0 fails one batch after its commit at batch 2 and resumes.
+  Member halved(initial, nullptr, dir.file("halved.csv"));
+  halved.data = &data;
+  halved.probe->fail_at = 3;
+  auto halve = std::make_shared<LearningRateSchedule>([](int64_t, double lr) { return lr / 2; });
+  EXPECT_THROW(halved.round(*engine, 2, nullptr, halve), SimulatedFault);
+  halved.state.restore();
+  halved.round(*engine, 2, nullptr, halve);
+  EXPECT_DOUBLE_EQ(current_lr(halved.sgd), kLr / 4);  // halved at epochs 0 and 1, once each
+
   // A TorchState's commit lacks the trainer's entries: a clear error.
   elastic::TorchState plain(*other.model, &other.sgd, kSamples);
   plain.commit();

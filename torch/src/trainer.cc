@@ -452,8 +452,15 @@ void LearningRateWarmup::on_batch_begin(Trainer& trainer, int64_t step) {
 void LearningRateWarmup::on_epoch_end(Trainer&, int64_t, Logs& logs) { logs["lr"] = lr_; }
 
 void LearningRateSchedule::on_epoch_begin(Trainer& trainer, int64_t epoch) {
+  if (epoch == applied_) return;  // resumed within the epoch: its rate is committed
   torch::optim::Optimizer& optimizer = trainer.optimizer().optimizer();
   apply_lr(optimizer, schedule_(epoch, current_lr(optimizer)));
+  applied_ = epoch;
+}
+
+void LearningRateSchedule::load_state(const State& state) {
+  const auto it = state.find("applied");
+  applied_ = it == state.end() ? -1 : std::stoll(it->second);
 }
 
 void LearningRateSchedule::on_epoch_end(Trainer& trainer, int64_t, Logs& logs) {

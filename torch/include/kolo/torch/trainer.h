@@ -262,9 +262,15 @@ class LearningRateSchedule : public Callback {
       : schedule_(std::move(schedule)) {}
   void on_epoch_begin(Trainer& trainer, int64_t epoch) override;
   void on_epoch_end(Trainer& trainer, int64_t epoch, Logs& logs) override;
+  // The last epoch it applied `schedule` to: an elastic fit resumed in the
+  // middle of that epoch (whose committed rate it already is) does not
+  // apply it again.
+  State save_state() const override { return {{"applied", std::to_string(applied_)}}; }
+  void load_state(const State& state) override;
 
  private:
   std::function<double(int64_t, double)> schedule_;
+  int64_t applied_ = -1;
 };
 
 // The seed's throughput lines: logs["epoch_time"] (s, the epoch's training
