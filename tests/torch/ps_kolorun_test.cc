@@ -26,6 +26,20 @@ namespace ot = kolo::optimizer_testing;
 
 bool launched_with_servers() { return std::getenv("KOLO_PS_SERVERS") != nullptr; }
 
+// The async options and the servers' optimizer of both tests.
+PsOptions async_options() {
+  PsOptions options;
+  options.mode = Mode::kAsync;
+  options.timeout = std::chrono::seconds(60);  // far beyond how long a fault takes
+  return options;
+}
+
+OptimizerFactory sgd() {
+  return [](std::vector<torch::Tensor> p) {
+    return ot::make_optimizer(ot::OptimizerKind::kSgd, std::move(p), 0.05);
+  };
+}
+
 // Server 0 dies by SIGKILL in the middle of asynchronous training (after
 // 40 updates, while the workers keep pulling and pushing). Each worker must
 // end with a RuntimeFault naming the server's world rank, not a timeout or a
@@ -41,16 +55,9 @@ TEST(PsUnderKolorun, AKilledServerIsAnErrorOnEveryWorker) {
   ot::Mlp model;
   Links links = connect(runtime());
   const Roles roles = links.roles;
-  PsOptions options;
-  options.mode = Mode::kAsync;
-  options.timeout = std::chrono::seconds(60);  // far beyond how long the fault takes
+  const PsOptions options = async_options();
   if (roles.is_server()) {
-    Server server(
-        model.named_parameters(),
-        [](std::vector<torch::Tensor> p) {
-          return ot::make_optimizer(ot::OptimizerKind::kSgd, std::move(p), 0.05);
-        },
-        std::move(links), options);
+    Server server(model.named_parameters(), sgd(), std::move(links), options);
     std::atomic<bool> done{false};
     std::thread killer([&] {
       while (!done && server.stats().staleness.updates < 40) {
@@ -108,18 +115,11 @@ TEST(PsUnderKolorun, AKilledWorkerRejoinsTheAsyncJob) {
   Links links = connect(runtime());
   const Roles roles = links.roles;
   const int64_t restart = links.generation;
-  PsOptions options;
-  options.mode = Mode::kAsync;
-  options.timeout = std::chrono::seconds(60);
+  const PsOptions options = async_options();
   const std::string done_key = "test/restarted_worker_done";
   const std::shared_ptr<Store> store = runtime().store();
   if (roles.is_server()) {
-    Server server(
-        model.named_parameters(),
-        [](std::vector<torch::Tensor> p) {
-          return ot::make_optimizer(ot::OptimizerKind::kSgd, std::move(p), 0.05);
-        },
-        std::move(links), options);
+    Server server(model.named_parameters(), sgd(), std::move(links), options);
     server.run();
     const Server::Stats stats = server.stats();
     std::printf(
