@@ -171,9 +171,30 @@ std::string decode_checked(const FileKind& kind, const std::string& bytes,
   return bytes.substr(kHeaderBytes);
 }
 
+namespace {
+// "a directory", "a FIFO", ... for messages about a path of the wrong type.
+std::string file_type_name(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "a device";
+}
+}  // namespace
+
 void write_checked_file(const std::string& path, const FileKind& kind, const std::string& payload,
                         const CheckedWriteOptions& options) {
   if (path.empty()) fail(kind, path, "the path is empty");
+  // The rename below replaces whatever `path` names. A device, FIFO or
+  // socket there is not ours to replace (as root, /dev/null would become a
+  // regular file for the whole machine), and a directory cannot be: refuse
+  // them before anything is written. A symbolic link is followed by stat().
+  struct stat existing {};
+  if (::stat(path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode)) {
+    fail(kind, path,
+         "exists and is not a regular file (" + file_type_name(existing.st_mode) +
+             "), which writing would replace; give the path of a file (or of none yet)");
+  }
   const std::string bytes = encode_checked(kind, payload);
   // In the same directory, so that the rename is atomic.
   const std::string temp =
@@ -218,11 +239,7 @@ std::string read_checked_file(const std::string& path, const FileKind& kind) {
   if (::fstat(fd, &st) != 0) fail_errno(kind, path, "fstat", errno);
   if (!S_ISREG(st.st_mode)) {
     fail(kind, path,
-         std::string("not a regular file (") +
-             (S_ISDIR(st.st_mode)    ? "a directory"
-              : S_ISFIFO(st.st_mode) ? "a FIFO"
-              : S_ISSOCK(st.st_mode) ? "a socket"
-                                     : "a device") +
+         "not a regular file (" + file_type_name(st.st_mode) +
              "); give the path of a file kolo wrote");
   }
   std::string bytes(static_cast<size_t>(st.st_size), '\0');

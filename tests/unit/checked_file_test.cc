@@ -103,5 +103,36 @@ TEST(CheckedFile, AFifoOrADirectoryIsRefusedWithoutBlocking) {
   EXPECT_NE(message.find("not a regular file (a directory)"), std::string::npos) << message;
 }
 
+// A device or FIFO given as a path kolo writes is refused, not replaced: the
+// write renames a temporary file over its path, and as root that turned
+// /dev/null into a regular file for the whole machine (stop 27).
+TEST(CheckedFile, WritingOverAFifoOrADirectoryIsRefusedAndLeavesItInPlace) {
+  TempDir dir("kolo-checked");
+  const std::string fifo = dir.file("fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  std::string message = error_of([&] { write_checked_file(fifo, kCheckpointFile, "x"); });
+  EXPECT_NE(message.find("kolo checkpoint '" + fifo +
+                         "': exists and is not a regular file (a FIFO), which writing would "
+                         "replace"),
+            std::string::npos)
+      << message;
+  struct stat st {};
+  ASSERT_EQ(::stat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode)) << "the FIFO was replaced";
+  const std::string sub = dir.file("sub");
+  std::filesystem::create_directory(sub);
+  message = error_of([&] { write_checked_file(sub, kElasticCommitFile, "x"); });
+  EXPECT_NE(message.find("not a regular file (a directory)"), std::string::npos) << message;
+  // Nothing left behind: no temporary file next to either path.
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 2);
+  // A regular file (and a symbolic link to one) is still replaced atomically.
+  const std::string file = dir.file("file");
+  write_checked_file(file, kCheckpointFile, "one");
+  const std::string link = dir.file("link");
+  std::filesystem::create_symlink(file, link);
+  write_checked_file(link, kCheckpointFile, "two");
+  EXPECT_EQ(read_checked_file(link, kCheckpointFile), "two");
+}
+
 }  // namespace
 }  // namespace kolo
