@@ -139,6 +139,11 @@ Split load_split(const std::string& dir, const std::string& prefix) {
   return split;
 }
 
+int64_t split_size(const std::string& dir, const std::string& prefix) {
+  const std::string labels_path = dir + "/" + prefix + "-labels-idx1-ubyte.gz";
+  return decode_labels(read_file(labels_path), labels_path).size(0);
+}
+
 const char* class_name(int64_t label) {
   static constexpr std::array<const char*, kClasses> kNames = {
       "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",

@@ -22,6 +22,8 @@ struct Split {
 // Only regular files are read, and each header's counts are checked against
 // what the file really holds before anything is allocated for them.
 Split load_split(const std::string& dir, const std::string& prefix);
+// The samples of a split, from its labels file alone (checked as load_split does).
+int64_t split_size(const std::string& dir, const std::string& prefix);
 
 // The parsers behind load_split, on a file's decompressed bytes; `path`
 // names it in errors. (N, 1, 28, 28) uint8 images and (N) int64 labels.

@@ -64,13 +64,15 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& flags) {
           ->capture_default_str()
           ->check(CLI::NonNegativeNumber);
   app.add_option("--checkpoint-dir", flags.checkpoint_dir,
-                 "Save after every epoch: rank 0 writes <dir>/checkpoint.kolo (--zero-stage 0) "
-                 "or every rank its shard of <dir>/zero/ (stages 1-3); with --elastic, every "
+                 "Save after every epoch: <dir>/index.kolo and shards, rank 0 one shard "
+                 "(--zero-stage 0) or every rank its own (stages 1-3); with --elastic, every "
                  "commit to <dir>/elastic.commit and each round's starting state to "
-                 "<dir>/round<k>.start");
+                 "<dir>/round<k>.start; with --strategy ps-*, every parameter server its "
+                 "shard <dir>/ps-shard-<s>-of-<S>.kolo");
   app.add_flag("--resume", flags.resume,
                "Start from the checkpoint in --checkpoint-dir (same --zero-stage kind; a ZeRO "
-               "checkpoint loads at any worker count)");
+               "checkpoint loads at any worker count; a parameter-server one at the worker and "
+               "server counts that saved it)");
   app.add_option("--threads", flags.threads,
                  "Threads per worker (default: $OMP_NUM_THREADS, which kolorun sets, else 1)");
   app.add_option("--train-subset", flags.train_subset,
@@ -229,8 +231,6 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& flags) {
           "rate --lr)";
     } else if (flags.zero_stage != 0 || flags.compression != "none" || flags.balance) {
       refused = "--zero-stage, --compression and --balance (allreduce options)";
-    } else if (!flags.checkpoint_dir.empty()) {
-      refused = "--checkpoint-dir (the parameter servers do not save their shards yet)";
     }
     if (refused) {
       std::fprintf(stderr, "fashion_mnist: --strategy %s cannot be combined with %s\n",

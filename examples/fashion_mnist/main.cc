@@ -245,13 +245,9 @@ void train_model(const Flags& flags, Cnn& model, kolo::ParallelOptimizer& optimi
                  const kolo::Dataset& train, const kolo::Dataset& test,
                  const kolo::CallOptions& where, const Callbacks& callbacks,
                  kolo::elastic::TrainerState* elastic) {
-  kolo::TrainerOptions options;
-  static_cast<kolo::CallOptions&>(options) = where;
-  options.epochs = flags.epochs;
-  options.batch_size = flags.batch_size;  // per worker
-  options.sampling.seed = flags.seed;     // each epoch a new order, the same on every worker
-  options.autocast_bf16 = flags.precision == "bf16";  // weights and gradients stay float32
-  options.balance = flags.balance;
+  // Epochs, the batch per worker, the sampler's seed (each epoch a new
+  // order, the same on every worker), bf16 autocast, --balance (training.cc).
+  kolo::TrainerOptions options = trainer_options_of(flags, where);
   options.elastic = elastic;  // --elastic: train from and commit to the state
   kolo::Trainer trainer(
       *model, [&](const torch::Tensor& images) { return model->forward(images); },

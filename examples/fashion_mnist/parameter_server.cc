@@ -26,6 +26,17 @@ void run_on_parameter_servers(const Flags& flags, const TrainOnWorker& train) {
   kolo::ps::PsOptions options;
   options.mode = kolo::ps::parse_mode(flags.strategy.substr(3), "--strategy");
   options.max_staleness = flags.max_staleness;
+  if (!flags.checkpoint_dir.empty()) {
+    // --checkpoint-dir: the servers' shards are the checkpoint. Each server
+    // saves its slices and its optimizer's state there at every epoch's end
+    // (every worker's ModelCheckpoint checks that; kolo::ps::WorkerOptimizer,
+    // ps_optimizer.h); with --resume the servers start from their shards and
+    // the workers from the epoch after the saved one.
+    options.checkpoint_dir = flags.checkpoint_dir;
+    options.checkpoint_every =
+        kolo::steps_per_epoch(training_size(flags), roles.workers, trainer_options_of(flags, {}));
+    if (flags.resume) options.resume_from = flags.checkpoint_dir;
+  }
   // The workers' own collectives (metric averages, evaluation) run among
   // them: the servers take part in none. Every process adds the set.
   std::vector<int> workers(roles.workers);

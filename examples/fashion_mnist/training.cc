@@ -3,8 +3,11 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+
+#include "fashion_mnist_data.h"
 
 namespace fashion_mnist {
 
@@ -46,6 +49,22 @@ kolo::Dataset as_dataset(Split split, int64_t subset) {
 std::pair<kolo::Dataset, kolo::Dataset> load_data(const Flags& flags) {
   return {as_dataset(load_split(flags.data_dir, "train"), flags.train_subset),
           as_dataset(load_split(flags.data_dir, "t10k"), flags.test_subset)};
+}
+
+int64_t training_size(const Flags& flags) {
+  const int64_t size = split_size(flags.data_dir, "train");
+  return flags.train_subset > 0 ? std::min(flags.train_subset, size) : size;
+}
+
+kolo::TrainerOptions trainer_options_of(const Flags& flags, const kolo::CallOptions& where) {
+  kolo::TrainerOptions options;
+  static_cast<kolo::CallOptions&>(options) = where;
+  options.epochs = flags.epochs;
+  options.batch_size = flags.batch_size;  // per worker
+  options.sampling.seed = flags.seed;     // each epoch a new order, the same on every worker
+  options.autocast_bf16 = flags.precision == "bf16";  // weights and gradients stay float32
+  options.balance = flags.balance;
+  return options;
 }
 
 void set_gradient_exchange(const Flags& flags, kolo::DistributedOptimizerOptions& options) {

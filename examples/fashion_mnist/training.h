@@ -27,6 +27,13 @@ void keep_freed_memory();
 // the Trainer takes them: inputs (B, 1, 28, 28) float in [0, 1], targets (B)
 // int64.
 std::pair<kolo::Dataset, kolo::Dataset> load_data(const Flags& flags);
+// The training images load_data would give (the labels file alone is read):
+// for a parameter server, which trains on none but saves once per epoch.
+int64_t training_size(const Flags& flags);
+
+// The Trainer's options from the flags (epochs, batch per worker, the
+// sampler's seed, bf16 autocast, balance); `where` for its collectives.
+kolo::TrainerOptions trainer_options_of(const Flags& flags, const kolo::CallOptions& where);
 
 // --compression into the data-parallel optimizer's options: fp16/bf16 as
 // `compression`, powersgd as a communication hook (kolo::powersgd_hook with

@@ -63,10 +63,14 @@ class FashionMnistExample : public ::testing::Test {
 // in both runs. Far from converged, but a model that learns nothing stays
 // near 0.1: this one passes 0.5 after epoch 1 and 0.6 after epoch 2. Both
 // runs' output goes to `first` and `second` for the caller's own checks.
+// `launch`: kolorun's flags before the program (parameter servers).
 void train_then_resume(const std::string& dir, const std::vector<std::string>& extra,
-                       RunResult& first, RunResult& second) {
+                       RunResult& first, RunResult& second,
+                       const std::vector<std::string>& launch = {}) {
   std::filesystem::remove_all(dir);
-  std::vector<std::string> common = {"-np", "2", example_path(), "--checkpoint-dir=" + dir};
+  std::vector<std::string> common = {"-np", "2"};
+  common.insert(common.end(), launch.begin(), launch.end());
+  common.insert(common.end(), {example_path(), "--checkpoint-dir=" + dir});
   common.insert(common.end(), kSmallRun.begin(), kSmallRun.end());
   common.insert(common.end(), extra.begin(), extra.end());
 
@@ -489,6 +493,37 @@ TEST_F(FashionMnistExample, SyncParameterServerTrainsAsAllreduceDoes) {
   const auto accuracy = values_after(r.out, "test accuracy");
   ASSERT_EQ(accuracy.size(), 1u) << r.out;
   EXPECT_GT(accuracy[0], 0.5) << r.out;
+}
+
+// --checkpoint-dir with --strategy ps-sync: the servers' shards are the
+// checkpoint, saved at each epoch's end (32 steps of 1000 images per worker
+// in batches of 32); --resume restarts the servers from their shards and
+// the workers at epoch 2. A resume with another worker count (another
+// number of steps per epoch) is refused by the servers, naming both.
+TEST_F(FashionMnistExample, ParameterServersCheckpointAndResume) {
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("kolo-fashion-mnist-ps-" + std::to_string(getpid()));
+  RunResult first, second;
+  ASSERT_NO_FATAL_FAILURE(train_then_resume(dir, {"--strategy", "ps-sync", "--progress-lines=0"},
+                                            first, second, {"--servers", "2"}));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/ps-shard-0-of-2.kolo"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/ps-shard-1-of-2.kolo"));
+  EXPECT_NE(first.out.find("Saved " + dir), std::string::npos) << first.out;
+  // The resumed job trains epoch 2 only: 32 rounds of 2 pushes per server.
+  EXPECT_NE(second.out.find("Parameter server 1: 64 update(s)"), std::string::npos) << second.out;
+
+  std::vector<std::string> args = {
+      "-np",          "1",          "--servers", "2",
+      example_path(), "--strategy", "ps-sync",   "--checkpoint-dir=" + dir,
+      "--resume",     "--epochs=2"};
+  args.insert(args.end(), kSmallRun.begin(), kSmallRun.end());
+  const RunResult r = run_kolorun(args, seconds(120));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.err.find("it was saved every 32 steps and this job saves every 63"),
+            std::string::npos)
+      << r.err;
+  std::filesystem::remove_all(dir);
 }
 
 // Asynchronous and bounded-staleness training on two servers learn too;

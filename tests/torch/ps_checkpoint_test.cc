@@ -6,7 +6,12 @@
 //    more steps ends exactly where 6 uninterrupted steps end (parameters and
 //    optimizer state both restored);
 //  - a save resumed at another server count, a damaged shard, and a
-//    directory mixing the shards of two saves are clear errors.
+//    directory mixing the shards of two saves are clear errors;
+//  - WorkerOptimizer's checkpoints (what kolo::ModelCheckpoint calls): saved
+//    by the servers at each epoch's end, resumed at the epoch after it, equal
+//    to the uninterrupted run; a period that does not fit the epochs, a
+//    resume the servers did not make, and another period on resume are
+//    errors naming what to set.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -19,9 +24,11 @@
 
 #include "kolo/core/errors.h"
 #include "kolo/torch/parameter_server.h"
+#include "kolo/torch/ps_optimizer.h"
 #include "optimizer_harness.h"
 #include "temp_dir.h"
 #include "thread_ranks.h"
+#include "torch_harness.h"
 
 namespace kolo::ps {
 namespace {
@@ -228,6 +235,157 @@ TEST_F(PsCheckpoint, AMixOfTwoSavesIsRefused) {
         << text;
     EXPECT_NE(text.find("a mix of two checkpoints"), std::string::npos) << text;
   }
+}
+
+// --- WorkerOptimizer's checkpoints -------------------------------------------
+
+constexpr int64_t kStepsPerEpoch = 3;
+
+template <typename F>
+std::string contract_error_of(F f) {
+  try {
+    f();
+  } catch (const ContractError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// kWorkers workers (each a WorkerOptimizer on its own engine) and `servers`
+// servers as threads train epochs of kStepsPerEpoch steps up to `epochs`, as
+// kolo::Trainer with kolo::ModelCheckpoint does: load_checkpoint(dir) first
+// when options.resume_from is set, save_checkpoint(dir) after every epoch
+// when options.checkpoint_dir is. Returns the shards and, as `start`, the
+// epoch each worker began at. With `errors`, each rank's exception is kept
+// there (null: none) instead of the first one being rethrown.
+Job run_epochs(int servers, const Mlp& initial, const std::vector<Batch>& batches, int64_t epochs,
+               const PsOptions& options, const std::string& dir,
+               std::vector<std::exception_ptr>* errors = nullptr) {
+  std::vector<std::shared_ptr<Mlp>> models;
+  for (int r = 0; r < kWorkers + servers; ++r) models.push_back(ot::clone_of(initial));
+  std::vector<Links> links = make_thread_links(kWorkers, servers, kTimeout);
+  testing::ThreadEngines engines(kWorkers);
+  Job job;
+  job.shards.resize(servers);
+  job.start.resize(kWorkers);
+  const auto rank_fn = [&](int rank) {
+    Mlp& model = *models[rank];
+    if (rank >= kWorkers) {
+      Server server(model.named_parameters(), adam(), std::move(links[rank]), options);
+      server.run();
+      for (const torch::Tensor& t : server.shard()) {
+        job.shards[rank - kWorkers].push_back(t.detach().clone());
+      }
+      return;
+    }
+    const std::unique_ptr<Engine> engine = engines.engine(rank);
+    Worker w(model.named_parameters(), std::move(links[rank]), options);
+    WorkerOptimizer optimizer(w, model, testing::on(*engine));
+    int64_t epoch = 0;
+    if (!options.resume_from.empty()) epoch = load_checkpoint(dir, optimizer).epoch;
+    job.start[rank] = epoch;
+    for (; epoch < epochs; ++epoch) {
+      for (int64_t step = epoch * kStepsPerEpoch; step < (epoch + 1) * kStepsPerEpoch; ++step) {
+        const Batch& batch = batches[static_cast<size_t>(step)];
+        optimizer.zero_grad();
+        ot::loss_of(model, batch.rows(rank, kBatch, batch.x), batch.rows(rank, kBatch, batch.y))
+            .backward();
+        optimizer.step();  // push, then pull the next step's parameters
+      }
+      CheckpointState state;
+      state.epoch = epoch + 1;
+      if (!options.checkpoint_dir.empty()) save_checkpoint(dir, optimizer, state);
+    }
+    w.finish();
+  };
+  if (errors) {
+    *errors = testing::run_ranks_catching(kWorkers + servers, rank_fn);
+  } else {
+    testing::run_ranks(kWorkers + servers, rank_fn);
+  }
+  return job;
+}
+
+TEST_F(PsCheckpoint, WorkerOptimizerSavesThroughTheServersAndResumesAtTheirEpoch) {
+  testing::TempDir dir("kolo-ps-checkpoint");
+  const Job reference = run_job(2, *initial, batches, 2 * kStepsPerEpoch, sync_options());
+
+  PsOptions save = sync_options();
+  save.checkpoint_dir = dir.path();
+  save.checkpoint_every = kStepsPerEpoch;
+  run_epochs(2, *initial, batches, 1, save, dir.path());
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/ps-shard-0-of-2.kolo"));
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/ps-shard-1-of-2.kolo"));
+
+  // Epoch 2 from the save of epoch 1 ends where 2 uninterrupted epochs end.
+  PsOptions resume = save;
+  resume.resume_from = dir.path();
+  const Job second = run_epochs(2, *initial, batches, 2, resume, dir.path());
+  EXPECT_EQ(second.start, (std::vector<int64_t>{1, 1}));
+  expect_same_shards(reference, second, "1 + 1 epochs against 2");
+}
+
+TEST_F(PsCheckpoint, WorkerOptimizerCheckpointMisuseNamesWhatToSet) {
+  testing::TempDir dir("kolo-ps-checkpoint");
+  std::vector<Links> links = make_thread_links(1, 1, kTimeout);
+  testing::ThreadEngines engines(1);
+  PsOptions plain = sync_options();
+  testing::run_ranks(2, [&](int rank) {
+    auto model = ot::clone_of(*initial);
+    if (rank == 1) {
+      Server server(model->named_parameters(), adam(), std::move(links[1]), plain);
+      server.run();
+      return;
+    }
+    const std::unique_ptr<Engine> engine = engines.engine(0);
+    Worker w(model->named_parameters(), std::move(links[0]), plain);
+    WorkerOptimizer optimizer(w, *model, testing::on(*engine));
+    // The servers were not told to save, nor to resume.
+    std::string text = contract_error_of([&] { save_checkpoint(dir.path(), optimizer, {}); });
+    EXPECT_NE(text.find("save_checkpoint('" + dir.path() +
+                        "'): the parameter servers save the parameters and the optimizer's "
+                        "state themselves"),
+              std::string::npos)
+        << text;
+    EXPECT_NE(text.find("PsOptions::checkpoint_dir = '" + dir.path() +
+                        "' and checkpoint_every = the steps of one epoch"),
+              std::string::npos)
+        << text;
+    text = contract_error_of([&] { load_checkpoint(dir.path(), optimizer); });
+    EXPECT_NE(text.find("PsOptions::resume_from = '" + dir.path() + "'"), std::string::npos)
+        << text;
+    w.finish();
+  });
+
+  // Saves every 2 steps while an epoch is 3: the epoch's end is not a save.
+  PsOptions save = sync_options();
+  save.checkpoint_dir = dir.path();
+  save.checkpoint_every = 2;
+  std::vector<std::exception_ptr> errors;
+  run_epochs(1, *initial, batches, 1, save, dir.path(), &errors);
+  std::string text = contract_error_of([&] { std::rethrow_exception(errors.at(0)); });
+  EXPECT_NE(text.find("save_checkpoint('" + dir.path() +
+                      "') after epoch 1 at step 3, and the "
+                      "servers save every 2 steps (step 2 for this epoch)"),
+            std::string::npos)
+      << text;
+
+  // A save every 3 steps resumed by a job that saves every 2 (the steps per
+  // epoch changed): the server refuses it, naming both periods.
+  testing::TempDir other("kolo-ps-checkpoint");
+  save.checkpoint_dir = other.path();
+  save.checkpoint_every = kStepsPerEpoch;
+  run_epochs(1, *initial, batches, 1, save, other.path());
+  PsOptions resume = save;
+  resume.resume_from = other.path();
+  resume.checkpoint_every = 2;
+  run_epochs(1, *initial, batches, 2, resume, other.path(), &errors);
+  text = contract_error_of([&] { std::rethrow_exception(errors.at(kWorkers)); });
+  EXPECT_NE(text.find("ps-shard-0-of-1.kolo': it was saved every 3 steps and this job saves "
+                      "every 2"),
+            std::string::npos)
+      << text;
+  for (int w = 0; w < kWorkers; ++w) EXPECT_TRUE(errors.at(w)) << "worker " << w << " went on";
 }
 
 }  // namespace

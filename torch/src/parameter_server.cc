@@ -162,7 +162,7 @@ struct Server::Impl {
   }
 
   detail::ShardIdentity identity() const {
-    return {server, links.roles.servers, fingerprint, options.mode};
+    return {server, links.roles.servers, fingerprint, options.mode, options.checkpoint_every};
   }
 
   // What a checkpoint of this server holds: the slices and every table.
@@ -777,6 +777,8 @@ void Worker::finish() {
 int64_t Worker::clock() const { return impl_->clock; }
 
 const Roles& Worker::roles() const { return impl_->links.roles; }
+
+const PsOptions& Worker::options() const { return impl_->options; }
 
 namespace {
 // The header of a sparse request (count: set per server).

@@ -74,6 +74,7 @@ void save_shard(const std::string& dir, const ShardIdentity& who, int64_t step,
   state.extras["ps/servers"] = std::to_string(who.servers);
   state.extras["ps/fingerprint"] = std::to_string(who.fingerprint);
   state.extras["ps/mode"] = mode_name(who.mode);
+  state.extras["ps/every"] = std::to_string(who.every);
   state.extras["ps/tables"] = std::to_string(tensors.tables.size());
   for (size_t t = 0; t < tensors.tables.size(); ++t) {
     state.extras["ps/table" + std::to_string(t)] = tensors.tables[t].identity;
@@ -143,6 +144,18 @@ int64_t load_shard(const std::string& dir, const ShardIdentity& who, const Shard
   }
   if (extra(state, "ps/fingerprint", path) != std::to_string(who.fingerprint)) {
     refuse("it was saved for another model (parameter names, shapes or dtypes differ)");
+  }
+  // The period maps saved steps to epochs (WorkerOptimizer's checkpoints):
+  // a job that saves again keeps it. (Shards of older kolo have none.)
+  const auto every = state.extras.find("ps/every");
+  if (who.every > 0 && every != state.extras.end() && every->second != "0" &&
+      every->second != std::to_string(who.every)) {
+    refuse("it was saved every " + every->second + " steps and this job saves every " +
+           std::to_string(who.every) +
+           " (PsOptions::checkpoint_every; with a step per batch, another worker count, batch "
+           "size or data set changes the steps per epoch): resume with the settings that saved "
+           "it, or save every " +
+           every->second + " steps");
   }
   return state.step;
 }

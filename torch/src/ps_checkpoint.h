@@ -6,7 +6,8 @@
 // the shard's slices as the model's parameters "s0", "s1", ... and the
 // server's optimizer) whose CheckpointState holds the save: step = the save
 // id (the step every worker continues at), extras "ps/..." = the server's
-// index, the server count, the model's fingerprint and the mode. Every shard
+// index, the server count, the model's fingerprint, the mode and the save
+// period ("ps/every": a job that resumes and saves keeps it). Every shard
 // of one save carries the same step; a worker greeting servers that resumed
 // from different steps refuses them (a mix of two saves).
 //
@@ -35,6 +36,7 @@ struct ShardIdentity {
   int servers = 1;
   int64_t fingerprint = 0;  // of the model's specs
   Mode mode = Mode::kSync;
+  int64_t every = 0;  // PsOptions::checkpoint_every (0: this job does not save)
 };
 
 // One sparse table's part of a shard: what it is (compared on resume) and

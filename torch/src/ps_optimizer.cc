@@ -16,6 +16,7 @@ WorkerOptimizer::WorkerOptimizer(Worker& worker, torch::nn::Module& model, const
                            "kolo::ps::WorkerOptimizer");
   rank_ = position.rank;
   world_size_ = position.size;
+  start_step_ = worker_.clock();
   worker_.pull();  // the first step's parameters
 }
 
@@ -34,16 +35,56 @@ torch::optim::Optimizer& WorkerOptimizer::optimizer() {
       "servers build it, and leave out callbacks such as LearningRateWarmup)");
 }
 
-void WorkerOptimizer::save(const std::string& dir, const CheckpointState&) {
-  throw ContractError("kolo::ps::WorkerOptimizer: cannot save '" + dir +
-                      "': a worker holds no optimizer state; the parameter servers hold the "
-                      "parameters and the optimizer's state (docs/strategies.md)");
+void WorkerOptimizer::check_checkpoint_options(const std::string& op, const std::string& dir,
+                                               std::string PsOptions::*field) const {
+  const PsOptions& options = worker_.options();
+  const char* name = field == &PsOptions::checkpoint_dir ? "checkpoint_dir" : "resume_from";
+  if (options.*field != dir || options.checkpoint_every <= 0) {
+    throw ContractError(
+        "kolo::ps::WorkerOptimizer: " + op + "('" + dir + "'): the parameter servers save the " +
+        "parameters and the optimizer's state themselves, a worker holds neither; give the " +
+        "servers and the workers PsOptions::" + name + " = '" + dir +
+        "' and checkpoint_every = the steps of one epoch (this worker's PsOptions have " + name +
+        " '" + options.*field + "', checkpoint_every " + std::to_string(options.checkpoint_every) +
+        "; docs/strategies.md)");
+  }
+}
+
+void WorkerOptimizer::save(const std::string& dir, const CheckpointState& state) {
+  check_checkpoint_options("save_checkpoint", dir, &PsOptions::checkpoint_dir);
+  const int64_t every = worker_.options().checkpoint_every;
+  // The servers save when every worker has pushed a multiple of `every`
+  // steps; the epochs saved must end there.
+  if (worker_.clock() != state.epoch * every) {
+    throw ContractError(
+        "kolo::ps::WorkerOptimizer: save_checkpoint('" + dir + "') after epoch " +
+        std::to_string(state.epoch) + " at step " + std::to_string(worker_.clock()) +
+        ", and the servers save every " + std::to_string(every) + " steps (step " +
+        std::to_string(state.epoch * every) + " for this epoch): set PsOptions::checkpoint_every " +
+        "to the steps of one epoch on the servers and the workers");
+  }
 }
 
 CheckpointState WorkerOptimizer::load(const std::string& dir) {
-  throw ContractError("kolo::ps::WorkerOptimizer: cannot load '" + dir +
-                      "': a worker takes its parameters from the parameter servers "
-                      "(docs/strategies.md)");
+  check_checkpoint_options("load_checkpoint", dir, &PsOptions::resume_from);
+  const int64_t every = worker_.options().checkpoint_every;
+  if (start_step_ == 0) {
+    throw ContractError("kolo::ps::WorkerOptimizer: load_checkpoint('" + dir +
+                        "'): the parameter servers start at step 0, not from a save; give the "
+                        "servers PsOptions::resume_from = '" +
+                        dir + "' too");
+  }
+  if (start_step_ % every != 0) {
+    throw ContractError("kolo::ps::WorkerOptimizer: load_checkpoint('" + dir +
+                        "'): the servers resumed at step " + std::to_string(start_step_) +
+                        ", not at an epoch's end (checkpoint_every " + std::to_string(every) +
+                        "): resume with the checkpoint_every that saved it");
+  }
+  CheckpointState state;
+  state.step = start_step_;
+  state.epoch = start_step_ / every;
+  state.sampler = {state.epoch, 0};
+  return state;
 }
 
 }  // namespace kolo::ps

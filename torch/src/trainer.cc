@@ -88,14 +88,18 @@ Trainer::Trainer(torch::nn::Module& model, Forward forward, Loss loss, ParallelO
 
 int Trainer::rank() const { return optimizer_.rank(); }
 
-int64_t Trainer::steps_for(int64_t samples) const {
-  const int64_t world = world_size();
-  const int64_t batch = options_.batch_size;
-  if (options_.balance) return samples / (batch * world);
+int64_t steps_per_epoch(int64_t samples, int world_size, const TrainerOptions& options) {
+  const int64_t world = world_size;
+  const int64_t batch = options.batch_size;
+  if (options.balance) return samples / (batch * world);
   // The sampler's shard: ceil(samples / world), or floor with drop_last.
   const int64_t shard =
-      options_.sampling.drop_last ? samples / world : (samples + world - 1) / world;
+      options.sampling.drop_last ? samples / world : (samples + world - 1) / world;
   return (shard + batch - 1) / batch;
+}
+
+int64_t Trainer::steps_for(int64_t samples) const {
+  return kolo::steps_per_epoch(samples, world_size(), options_);
 }
 int Trainer::world_size() const { return optimizer_.world_size(); }
 

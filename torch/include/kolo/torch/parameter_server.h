@@ -86,13 +86,17 @@ struct PsOptions {
   std::chrono::milliseconds timeout{0};
   // A server counts a worker that sends no request for this long as gone.
   std::chrono::milliseconds idle_timeout = std::chrono::hours(24);
-  // Server checkpoints (servers only; docs/strategies.md): every
+  // Server checkpoints (docs/strategies.md; the servers act on them, a
+  // WorkerOptimizer's checkpoints check them on the workers): every
   // checkpoint_every steps (0 = never) each server writes its shard to
   // checkpoint_dir (the dense slices, the optimizer state and every sparse
   // table's rows and row-wise state); with resume_from the servers start
   // from the shards there (the constructor checks the shard is there, run()
   // loads it once every table is added) and every worker continues at the
-  // saved step.
+  // saved step. A job that resumes and saves again keeps the period
+  // (checkpoint_every as saved, else a ContractError naming both): the
+  // steps between saves are what maps a saved step to an epoch
+  // (WorkerOptimizer's checkpoints, ps_optimizer.h).
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   std::string resume_from;
@@ -159,6 +163,7 @@ class Worker {
 
   int64_t clock() const;
   const Roles& roles() const;
+  const PsOptions& options() const;
 
   // The sparse exchange of ps::Embedding (ps_embedding.h) on this worker's
   // links, as its current step: rows[s] are int64 row ids local to server

@@ -16,10 +16,28 @@
 //
 // The optimizer itself lives on the servers: optimizer() is a ContractError
 // (callbacks that change its rate, LearningRateWarmup, cannot run; the rate
-// is the servers' optimizer's), and so are the optimizer checkpoints of
-// checkpoint.h (the servers save their shards). rank() and world_size() are
+// is the servers' optimizer's). rank() and world_size() are
 // this worker's among the workers (the process set of `where`, which holds
 // the workers only: the servers run no collectives).
+//
+// Checkpoints (save_checkpoint / load_checkpoint of parallel_optimizer.h,
+// and so kolo::ModelCheckpoint): the servers' shards are the checkpoint
+// (PsOptions::checkpoint_dir, checkpoint_every, resume_from); a worker
+// writes nothing, it checks that the servers save what the call asks for.
+// The contract, on the servers and the workers alike: checkpoint_dir = the
+// checkpoint's directory and checkpoint_every = the steps of one epoch, so
+// that the servers save exactly at each epoch's end (in sync mode the save
+// has happened when step() returns; in async and ssp modes it happens once
+// the slowest worker gets there, and holds whatever the faster ones pushed
+// by then); resume_from = the directory to continue from it.
+//  - save(dir, {epoch E, ...}): ContractError unless dir is checkpoint_dir
+//    and E epochs end at the step the servers save (this worker's step =
+//    E x checkpoint_every, on all its workers).
+//  - load(dir): the servers resumed from dir at step S (the step they greet
+//    the workers with); returns epoch S / checkpoint_every (step S, sampler
+//    at that epoch's start). ContractError when the servers did not resume
+//    (S = 0) or resume_from is not dir. The rest of CheckpointState (seed,
+//    extras, generator states) is not kept.
 #pragma once
 
 #include <torch/types.h>
@@ -60,8 +78,14 @@ class WorkerOptimizer : public ParallelOptimizer {
   void save(const std::string& dir, const CheckpointState& state) override;
   CheckpointState load(const std::string& dir) override;
 
+  // ContractError unless checkpoint_dir (or resume_from) is `dir` and
+  // checkpoint_every > 0; `op` names the call.
+  void check_checkpoint_options(const std::string& op, const std::string& dir,
+                                std::string PsOptions::*field) const;
+
   Worker& worker_;
   torch::nn::Module& model_;
+  int64_t start_step_ = 0;  // the step the servers continue from (a resumed save's)
   int rank_ = 0;
   int world_size_ = 1;
 };

@@ -125,6 +125,13 @@ struct TrainerOptions : CallOptions {
   elastic::TrainerState* elastic = nullptr;
 };
 
+// The steps Trainer::fit takes per epoch over `samples` on each of
+// `world_size` ranks with these options: ceil(a rank's shard / batch_size)
+// (the shard ceil(samples / world_size), or floor with sampling.drop_last),
+// or with options.balance floor(samples / global batch). For a process that
+// needs it without a Trainer (a parameter server saving once per epoch).
+int64_t steps_per_epoch(int64_t samples, int world_size, const TrainerOptions& options);
+
 class Trainer {
  public:
   using Forward = std::function<torch::Tensor(const torch::Tensor& inputs)>;
