@@ -11,7 +11,13 @@
 //    fixed when they connect).
 // Algorithms: allreduce = ring reduce-scatter + ring allgather (each rank moves
 // 2(n-1)/n of the data, segments pipelined so reduction overlaps the
-// transfer); ring reducescatter and allgather(v); broadcast by binomial tree
+// transfer); a staged reduction (f16/bf16 sums, scaled integers: reduce.h
+// accumulates them in a wider type) reduce-scatters directly instead, every
+// rank sending each block of its input in the caller's dtype to the block's
+// owner, which reduces the n inputs in rank order with reduce.h's kernel:
+// the same bytes as the ring in the narrow type (half of a float32 ring's
+// for f16), and exactly reduce.h's result; ring reducescatter and
+// allgather(v); broadcast by binomial tree
 // (small) or pipelined chain (large); direct exchange for alltoall(v) and for
 // the argument-check signatures; dissemination barrier.
 //
@@ -812,9 +818,16 @@ class GlooCommunicator : public Communicator {
       const ReductionPlan plan = plan_reduction(dtype, options);
       const size_t wire_bytes = dtype_size(plan.wire);
       uint8_t* result = static_cast<uint8_t*>(out);
-      uint8_t* work = plan.staged ? work_.get(count * wire_bytes) : result;
-      stage_in(plan, options, in, work, count);
       const Blocks blocks = even_blocks(count, size_);
+      if (plan.staged) {
+        // The narrow dtype on the wire, reduced once by each block's owner.
+        direct_reduce_scatter(static_cast<const uint8_t*>(in), blocks, dtype, options,
+                              result + blocks.offset[rank_] * out_bytes, slot(seq, 1), deadline);
+        ring_allgather(result, blocks, out_bytes, slot(seq, 2), deadline);
+        return;
+      }
+      uint8_t* work = result;
+      stage_in(plan, options, in, work, count);
       ring_reduce_scatter(work, blocks, plan.wire, plan.wire_op, slot(seq, 1), deadline);
       // Finish and convert only this rank's block; the allgather then moves
       // final values in the caller's dtype.
@@ -885,11 +898,16 @@ class GlooCommunicator : public Communicator {
       const ReductionPlan plan = plan_reduction(dtype, options);
       const size_t wire_bytes = dtype_size(plan.wire);
       const size_t total = count * size_;
+      const Blocks blocks = blocks_from_counts(std::vector<size_t>(size_, count));
+      if (plan.staged && size_ > 1) {
+        direct_reduce_scatter(static_cast<const uint8_t*>(in), blocks, dtype, options,
+                              static_cast<uint8_t*>(out), slot(seq, 1), deadline);
+        return;
+      }
       // `in` is const (and in place only the first block may be overwritten),
       // so the reduction always runs in scratch.
       uint8_t* work = work_.get(total * wire_bytes);
       stage_in(plan, options, in, work, total);
-      const Blocks blocks = blocks_from_counts(std::vector<size_t>(size_, count));
       ring_reduce_scatter(work, blocks, plan.wire, plan.wire_op, slot(seq, 1), deadline);
       stage_out(plan, options, work + rank_ * count * wire_bytes, out, count, size_);
     });
@@ -1411,6 +1429,67 @@ class GlooCommunicator : public Communicator {
     check_alltoallv_counts(sends, recvs);
   }
 
+  // Reduce-scatter of a staged reduction (plan_reduction: f16/bf16 sums,
+  // scaled integers), in the caller's dtype on the wire: rank r sends block
+  // k of `in` to rank k, receives block r of every other rank into scratch,
+  // and reduces the n inputs in rank order with reduce_inputs (reduce.h's
+  // kernel: f32 or double accumulation, prescale, average, postscale, one
+  // rounding) into `out` (blocks.length[rank_] elements; it may alias any
+  // part of `in`: the in-place reducescatter's is block 0, which may still be
+  // on its way to rank 0). A ring would carry partial sums, which must stay
+  // in the wide type to keep that one rounding: twice the bytes for f16.
+  // The block is reduced in segments, each once every peer's part of it has
+  // arrived, so reduction overlaps the rest of the transfer.
+  void direct_reduce_scatter(const uint8_t* in, const Blocks& blocks, DType dtype,
+                             const AllreduceOptions& options, uint8_t* out, uint64_t slot,
+                             const Deadline& deadline) {
+    const size_t element_bytes = dtype_size(dtype);
+    const size_t mine = blocks.length[rank_];
+    const size_t mine_bytes = mine * element_bytes;
+    // Slot k: rank k's block rank_ (this rank's own is read from `in`).
+    uint8_t* gathered = work_.get(static_cast<size_t>(size_) * mine_bytes);
+    const size_t seg = segment_bytes(element_bytes);
+    std::vector<Channel> from;
+    from.reserve(size_);
+    for (int step = 1; step < size_; ++step) {
+      const int peer = static_cast<int>(mod(rank_ - step, size_));
+      from.emplace_back(link(), peer, gathered + peer * mine_bytes, mine_bytes, slot);
+      for (size_t at = 0; at < mine_bytes; at += seg) {
+        from.back().post_recv(at, std::min(seg, mine_bytes - at));
+      }
+    }
+    std::vector<Channel> to;
+    to.reserve(size_);
+    for (int step = 1; step < size_; ++step) {
+      const int peer = static_cast<int>(mod(rank_ + step, size_));
+      const size_t bytes = blocks.length[peer] * element_bytes;
+      // gloo's buffer is not written through a send; the cast only fits its API.
+      to.emplace_back(link(), peer, const_cast<uint8_t*>(in + blocks.offset[peer] * element_bytes),
+                      bytes, slot);
+      for (size_t at = 0; at < bytes; at += seg) to.back().post_send(at, std::min(seg, bytes - at));
+    }
+    // Reduced in place only when `out` is this rank's own block or outside
+    // `in`: another block of `in` is being sent while we reduce.
+    const uint8_t* own = in + blocks.offset[rank_] * element_bytes;
+    const bool overlaps_sends =
+        out != own && out < in + blocks.total * element_bytes && out + mine_bytes > in;
+    uint8_t* target = overlaps_sends ? reduced_.get(mine_bytes) : out;
+    std::vector<const void*> inputs(size_);
+    for (size_t at = 0; at < mine_bytes; at += seg) {
+      for (Channel& channel : from) channel.wait_recv(deadline);
+      const size_t bytes = std::min(seg, mine_bytes - at);
+      for (int k = 0; k < size_; ++k) {
+        inputs[k] = k == rank_ ? own + at : gathered + k * mine_bytes + at;
+      }
+      // Our own block's segment is an input of its own reduction only, so
+      // `target` being it is fine (reduce_inputs allows out == an input).
+      reduce_inputs(target + at, inputs.data(), size_, bytes / element_bytes, dtype, options,
+                    size_);
+    }
+    for (Channel& channel : to) channel.drain(deadline);
+    if (target != out) std::memcpy(out, target, mine_bytes);
+  }
+
   // Ring reduce-scatter in place on `work` (blocks.total elements of `wire`):
   // at step s rank r sends block r-s-1 to r+1 and reduces block r-s-2 received
   // from r-1, so after n-1 steps block r holds the reduction of every rank's
@@ -1585,6 +1664,7 @@ class GlooCommunicator : public Communicator {
   Scratch work_;           // staged reductions, reducescatter input copy
   Scratch inbox_;          // reduce-scatter receive window
   Scratch exchange_copy_;  // in-place alltoall
+  Scratch reduced_;        // direct reduce-scatter's result when `out` overlaps `in`
   std::string iface_;      // KOLO_GLOO_IFACE ("" = choose)
   std::string host_name_;  // KOLO_HOSTNAME ("" = gethostname())
   std::string fault_;      // set once a fault broke the communicator
