@@ -118,4 +118,18 @@ float f16_to_float(uint16_t bits) { return detail::half_to_float_inline(bits); }
 uint16_t float_to_bf16(float value) { return detail::float_to_bf16_inline(value); }
 float bf16_to_float(uint16_t bits) { return detail::bf16_to_float_inline(bits); }
 
+void float_to_f16_array(const float* in, uint16_t* out, size_t count) {
+  detail::float_to_f16_array(in, out, count);
+}
+void f16_to_float_array(const uint16_t* in, float* out, size_t count) {
+  detail::f16_to_float_array(in, out, count);
+}
+// bf16 has no baseline x86 instruction (half.h); these loops vectorize.
+void float_to_bf16_array(const float* in, uint16_t* out, size_t count) {
+  for (size_t i = 0; i < count; ++i) out[i] = detail::float_to_bf16_inline(in[i]);
+}
+void bf16_to_float_array(const uint16_t* in, float* out, size_t count) {
+  for (size_t i = 0; i < count; ++i) out[i] = detail::bf16_to_float_inline(in[i]);
+}
+
 }  // namespace kolo

@@ -138,7 +138,9 @@ TEST(F16, ArrayConversionsMatchTheScalarCode) {
   for (uint32_t h = 0; h < 65536; ++h) {
     ASSERT_EQ(bits_of(floats[h]), bits_of(f16_to_float(static_cast<uint16_t>(h)))) << std::hex << h;
     // The scalar code quiets a NaN as F16C does (results never depend on the CPU).
-    if (std::isnan(floats[h])) ASSERT_NE(bits_of(floats[h]) & 0x00400000u, 0u) << std::hex << h;
+    if (std::isnan(floats[h])) {
+      ASSERT_NE(bits_of(floats[h]) & 0x00400000u, 0u) << std::hex << h;
+    }
   }
   std::vector<float> sampled;
   for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 65537) {
@@ -149,6 +151,30 @@ TEST(F16, ArrayConversionsMatchTheScalarCode) {
     detail::float_to_f16_array(sampled.data(), out.data(), count);
     for (size_t i = 0; i < count; ++i) {
       ASSERT_EQ(out[i], float_to_f16(sampled[i])) << std::hex << bits_of(sampled[i]);
+    }
+  }
+}
+
+// The public array conversions (dtype.h; the fp16/bf16 compression hooks
+// cast whole buckets with them) give the scalar functions' bits, for f16
+// and bf16, on floats sampled over the whole range with NaNs and tails.
+TEST(F16, PublicArrayConversionsMatchTheScalarFunctions) {
+  std::vector<float> sampled;
+  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 65537) {
+    sampled.push_back(float_of(static_cast<uint32_t>(bits)));
+  }
+  for (size_t count : {sampled.size(), size_t{13}, size_t{1}}) {
+    std::vector<uint16_t> halves(count), brains(count);
+    float_to_f16_array(sampled.data(), halves.data(), count);
+    float_to_bf16_array(sampled.data(), brains.data(), count);
+    std::vector<float> from_halves(count), from_brains(count);
+    f16_to_float_array(halves.data(), from_halves.data(), count);
+    bf16_to_float_array(brains.data(), from_brains.data(), count);
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(halves[i], float_to_f16(sampled[i])) << std::hex << bits_of(sampled[i]);
+      ASSERT_EQ(brains[i], float_to_bf16(sampled[i])) << std::hex << bits_of(sampled[i]);
+      ASSERT_EQ(bits_of(from_halves[i]), bits_of(f16_to_float(halves[i]))) << i;
+      ASSERT_EQ(bits_of(from_brains[i]), bits_of(bf16_to_float(brains[i]))) << i;
     }
   }
 }
