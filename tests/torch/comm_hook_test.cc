@@ -202,7 +202,9 @@ TEST(CommHookCheckpoint, PowerSGDErrorFeedbackSurvivesACheckpoint) {
       auto hook = powersgd_hook(psgd);
       DistributedOptimizer optimizer(sgd, model, on_engine(*engine, hook));
       train(optimizer, model, batches, rank, 0, 3);
-      save_checkpoint(dir.path(), optimizer, {0, 3});
+      CheckpointState state;
+      state.step = 3;
+      save_checkpoint(dir.path(), optimizer, state);
       EXPECT_FALSE(hook->save_state().empty());
       train(optimizer, model, batches, rank, 3, batches.size());
     }

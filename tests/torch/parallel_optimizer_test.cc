@@ -159,7 +159,9 @@ TEST(ParallelOptimizer, SynchronizeOnlyReducesAsTheWrappingOptimizer) {
       with.step();
       without.zero_grad();
       for (const auto& p : bare[rank]->parameters()) {
-        if (p.grad().defined()) EXPECT_EQ(p.grad().abs().max().item<double>(), 0.0);
+        if (p.grad().defined()) {
+          EXPECT_EQ(p.grad().abs().max().item<double>(), 0.0);
+        }
       }
       ot::loss_of(*bare[rank], x, y).backward();
       without.synchronize();
@@ -272,7 +274,10 @@ TEST(ParallelOptimizer, OneCheckpointCallResumesEveryStage) {
         auto optimizer =
             make_parallel_optimizer(*adam, *straight[rank], factory_options(stage, engine));
         train(*straight[rank], *optimizer, 0, 2);
-        save_checkpoint(dir.path(), *optimizer, {1, 2});
+        CheckpointState state;
+        state.epoch = 1;
+        state.step = 2;
+        save_checkpoint(dir.path(), *optimizer, state);
         train(*straight[rank], *optimizer, 2, batches.size());
         if (auto* zero = dynamic_cast<ZeroOptimizer*>(optimizer.get())) zero->gather_parameters();
       }

@@ -59,6 +59,16 @@ struct Job {
   std::vector<int64_t> start;                      // per worker: its clock when it began
 };
 
+// A server's part of a job: serves until every worker is done; returns a
+// copy of its shard as it ends.
+std::vector<torch::Tensor> serve(Mlp& model, Links links, const PsOptions& options) {
+  Server server(model.named_parameters(), adam(), std::move(links), options);
+  server.run();
+  std::vector<torch::Tensor> shard;
+  for (const torch::Tensor& t : server.shard()) shard.push_back(t.detach().clone());
+  return shard;
+}
+
 // kWorkers workers and `servers` servers as threads, every rank starting from
 // `initial` (the servers' copies count, or the checkpoint resumed): each
 // worker trains from its first clock up to step `until` on its rows of
@@ -74,11 +84,7 @@ Job run_job(int servers, const Mlp& initial, const std::vector<Batch>& batches, 
   testing::run_ranks(kWorkers + servers, [&](int rank) {
     Mlp& model = *models[rank];
     if (rank >= kWorkers) {
-      Server server(model.named_parameters(), adam(), std::move(links[rank]), options);
-      server.run();
-      for (const torch::Tensor& t : server.shard()) {
-        job.shards[rank - kWorkers].push_back(t.detach().clone());
-      }
+      job.shards[rank - kWorkers] = serve(model, std::move(links[rank]), options);
       return;
     }
     Worker w(model.named_parameters(), std::move(links[rank]), options);
@@ -271,11 +277,7 @@ Job run_epochs(int servers, const Mlp& initial, const std::vector<Batch>& batche
   const auto rank_fn = [&](int rank) {
     Mlp& model = *models[rank];
     if (rank >= kWorkers) {
-      Server server(model.named_parameters(), adam(), std::move(links[rank]), options);
-      server.run();
-      for (const torch::Tensor& t : server.shard()) {
-        job.shards[rank - kWorkers].push_back(t.detach().clone());
-      }
+      job.shards[rank - kWorkers] = serve(model, std::move(links[rank]), options);
       return;
     }
     const std::unique_ptr<Engine> engine = engines.engine(rank);
