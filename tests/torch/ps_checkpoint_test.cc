@@ -247,16 +247,6 @@ TEST_F(PsCheckpoint, AMixOfTwoSavesIsRefused) {
 
 constexpr int64_t kStepsPerEpoch = 3;
 
-template <typename F>
-std::string contract_error_of(F f) {
-  try {
-    f();
-  } catch (const ContractError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 // kWorkers workers (each a WorkerOptimizer on its own engine) and `servers`
 // servers as threads train epochs of kStepsPerEpoch steps up to `epochs`, as
 // kolo::Trainer with kolo::ModelCheckpoint does: load_checkpoint(dir) first
@@ -343,7 +333,7 @@ TEST_F(PsCheckpoint, WorkerOptimizerCheckpointMisuseNamesWhatToSet) {
     Worker w(model->named_parameters(), std::move(links[0]), plain);
     WorkerOptimizer optimizer(w, *model, testing::on(*engine));
     // The servers were not told to save, nor to resume.
-    std::string text = contract_error_of([&] { save_checkpoint(dir.path(), optimizer, {}); });
+    std::string text = testing::error_of([&] { save_checkpoint(dir.path(), optimizer, {}); });
     EXPECT_NE(text.find("save_checkpoint('" + dir.path() +
                         "'): the parameter servers save the parameters and the optimizer's "
                         "state themselves"),
@@ -353,7 +343,7 @@ TEST_F(PsCheckpoint, WorkerOptimizerCheckpointMisuseNamesWhatToSet) {
                         "' and checkpoint_every = the steps of one epoch"),
               std::string::npos)
         << text;
-    text = contract_error_of([&] { load_checkpoint(dir.path(), optimizer); });
+    text = testing::error_of([&] { load_checkpoint(dir.path(), optimizer); });
     EXPECT_NE(text.find("PsOptions::resume_from = '" + dir.path() + "'"), std::string::npos)
         << text;
     w.finish();
@@ -365,7 +355,7 @@ TEST_F(PsCheckpoint, WorkerOptimizerCheckpointMisuseNamesWhatToSet) {
   save.checkpoint_every = 2;
   std::vector<std::exception_ptr> errors;
   run_epochs(1, *initial, batches, 1, save, dir.path(), &errors);
-  std::string text = contract_error_of([&] { std::rethrow_exception(errors.at(0)); });
+  std::string text = testing::error_of([&] { std::rethrow_exception(errors.at(0)); });
   EXPECT_NE(text.find("save_checkpoint('" + dir.path() +
                       "') after epoch 1 at step 3, and the "
                       "servers save every 2 steps (step 2 for this epoch)"),
@@ -382,7 +372,7 @@ TEST_F(PsCheckpoint, WorkerOptimizerCheckpointMisuseNamesWhatToSet) {
   resume.resume_from = other.path();
   resume.checkpoint_every = 2;
   run_epochs(1, *initial, batches, 2, resume, other.path(), &errors);
-  text = contract_error_of([&] { std::rethrow_exception(errors.at(kWorkers)); });
+  text = testing::error_of([&] { std::rethrow_exception(errors.at(kWorkers)); });
   EXPECT_NE(text.find("ps-shard-0-of-1.kolo': it was saved every 3 steps and this job saves "
                       "every 2"),
             std::string::npos)
