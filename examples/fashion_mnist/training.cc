@@ -33,9 +33,17 @@ void keep_freed_memory() {
 
 namespace {
 
+// The samples a split of `available` gives with --train-subset /
+// --test-subset `subset` (0 = all): one rule for the data the workers load
+// and the count a parameter server saves by.
+int64_t subset_size(int64_t available, int64_t subset) {
+  return subset > 0 ? std::min(subset, available) : available;
+}
+
 kolo::Dataset as_dataset(Split split, int64_t subset) {
-  if (subset > 0 && subset < split.images.size(0)) {
-    split = {split.images.slice(0, 0, subset), split.labels.slice(0, 0, subset)};
+  const int64_t taken = subset_size(split.images.size(0), subset);
+  if (taken < split.images.size(0)) {
+    split = {split.images.slice(0, 0, taken), split.labels.slice(0, 0, taken)};
   }
   const int64_t size = split.images.size(0);
   return {size, [split = std::move(split)](const torch::Tensor& rows) {
@@ -52,8 +60,7 @@ std::pair<kolo::Dataset, kolo::Dataset> load_data(const Flags& flags) {
 }
 
 int64_t training_size(const Flags& flags) {
-  const int64_t size = split_size(flags.data_dir, "train");
-  return flags.train_subset > 0 ? std::min(flags.train_subset, size) : size;
+  return subset_size(split_size(flags.data_dir, "train"), flags.train_subset);
 }
 
 kolo::TrainerOptions trainer_options_of(const Flags& flags, const kolo::CallOptions& where) {
