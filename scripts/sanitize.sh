@@ -15,6 +15,13 @@ CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Releas
 # tiers, ranks as threads, which cover the core's communicators, engine, store
 # and decoders; set it empty for the fuzz targets alone.
 tiers=${KOLO_SANITIZE_TIERS-unit collectives}
+# KOLO_SANITIZE_EXCLUDE: a ctest -E regex of tests left out under the
+# sanitizers. Default (CI): the collective matrix at 5 and 8 ranks, about
+# 5 of the step's 14 minutes here (ASan makes each element check ~10x slower);
+# the main suite runs those world sizes unsanitized, and 1-4 ranks here cover
+# every code path of the ring and direct algorithms (a rank with no block, odd
+# block sizes, more than one segment). Set it empty for everything.
+exclude=${KOLO_SANITIZE_EXCLUDE-'Matrix\.EveryCollectiveOpDtypeAndCount/[a-z]+_(5|8)( |$)'}
 if [[ -n $tiers ]]; then
   cmake --build build-asan -j "$(nproc)" --target kolo_sanitized
 else
@@ -29,4 +36,4 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 cd build-asan
 labels="fuzz"
 for t in $tiers; do labels+="|$t"; done
-ctest --output-on-failure --timeout 600 -j 1 -L "^($labels)\$" "$@"
+ctest --output-on-failure --timeout 600 -j 1 -L "^($labels)\$" ${exclude:+-E "$exclude"} "$@"
