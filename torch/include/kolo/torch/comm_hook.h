@@ -124,6 +124,8 @@ std::shared_ptr<CommHook> allreduce_hook();
 // The bucket is cast to float16 / bfloat16, allreduced in it, and cast back
 // (half the bytes; fp16 keeps about 3 significant digits, bf16 about 2).
 // Buckets of other than float32/float64 are allreduced as they are.
+// A float32 bucket's 16-bit copy is kept between steps (memory: half the
+// bucket's bytes per bucket), so that no step allocates it afresh.
 // DistributedOptimizerOptions::compression kFp16 / kBf16 installs these.
 std::shared_ptr<CommHook> fp16_compress_hook();
 std::shared_ptr<CommHook> bf16_compress_hook();
