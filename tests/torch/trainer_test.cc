@@ -282,6 +282,30 @@ TEST(Trainer, BalancedFitEqualsOneProcessOnEachGlobalBatch) {
   }
 }
 
+// The split rule as a free function (what a parameter server saves by):
+// the sampler's shard over the batch, or whole global batches with balance;
+// numbers it cannot divide by are a ContractError naming them.
+TEST(Trainer, StepsPerEpochIsTheSplitRuleAndRefusesZeros) {
+  TrainerOptions options;
+  options.batch_size = 16;
+  EXPECT_EQ(steps_per_epoch(100, 3, options), 3);  // shard ceil(100 / 3) = 34, 34 / 16 -> 3
+  options.sampling.drop_last = true;
+  EXPECT_EQ(steps_per_epoch(100, 3, options), 3);  // shard 33 -> 3
+  EXPECT_EQ(steps_per_epoch(96, 3, options), 2);   // shard 32 -> 2
+  options.balance = true;
+  EXPECT_EQ(steps_per_epoch(100, 3, options), 2);  // floor(100 / 48)
+  EXPECT_EQ(steps_per_epoch(0, 3, options), 0);
+  const std::string no_world = testing::error_of([&] { steps_per_epoch(100, 0, options); });
+  EXPECT_NE(no_world.find("world_size >= 1"), std::string::npos) << no_world;
+  EXPECT_NE(no_world.find("got 100, 0 and 16"), std::string::npos) << no_world;
+  options.batch_size = 0;
+  EXPECT_NE(testing::error_of([&] { steps_per_epoch(100, 2, options); }).find("batch_size >= 1"),
+            std::string::npos);
+  options.batch_size = 16;
+  EXPECT_NE(testing::error_of([&] { steps_per_epoch(-1, 2, options); }).find("got -1, 2 and 16"),
+            std::string::npos);
+}
+
 TEST(Trainer, TrainOnBatchIsOneStepAndEvaluateKeepsTheModelsMode) {
   torch::set_num_threads(1);
   torch::manual_seed(47);
