@@ -93,8 +93,13 @@ SpawnRequest worker_request(const JobPlan& plan, const LaunchOptions& options,
       size_t eq = entry.find('=');
       if (eq != std::string::npos) vars.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
     }
-    auto threads = local_thread_variables(placement, job, parent);
-    for (const auto& var : threads) {
+    // Thread counts and allocator settings the parent (whose environment the
+    // worker inherits) and -x (above) leave unset.
+    auto defaults = local_thread_variables(placement, job, parent);
+    for (const auto& var : allocator_variables()) {
+      if (!parent(var.first)) defaults.push_back(var);
+    }
+    for (const auto& var : defaults) {
       bool given = std::any_of(vars.begin(), vars.end(),
                                [&](const EnvVar& v) { return v.first == var.first; });
       if (!given) vars.push_back(var);

@@ -76,6 +76,15 @@ std::vector<std::string> mpirun_command(const LaunchOptions& options,
       exported.push_back(name);
     }
   }
+  // The allocator settings: the user's (-x, or kolorun's environment, which
+  // mpirun passes on by name) or kolorun's default.
+  for (const auto& [name, value] : allocator_variables()) {
+    const bool forwarded =
+        std::any_of(options.forward_env.begin(), options.forward_env.end(),
+                    [&](const std::string& entry) { return entry.substr(0, entry.find('=')) == name; });
+    if (forwarded) continue;
+    exported.push_back(parent(name) ? name : name + "=" + value);
+  }
   for (const auto& entry : options.forward_env) exported.push_back(entry);
   for (const auto& entry : exported) argv.insert(argv.end(), {"-x", entry});
 

@@ -31,6 +31,11 @@ const std::vector<std::string>& thread_variables() {
   return names;
 }
 
+const std::vector<EnvVar>& allocator_variables() {
+  static const std::vector<EnvVar> vars = {{"GLIBC_TUNABLES", "glibc.malloc.hugetlb=1"}};
+  return vars;
+}
+
 const std::vector<std::pair<std::string, std::string>>& launcher_variables() {
   static const std::vector<std::pair<std::string, std::string>> names = {
       {"KOLO_RANK", "each worker's rank"},
@@ -174,6 +179,9 @@ std::vector<EnvVar> forwarded_variables(const std::vector<std::string>& parent_e
   }
   for (const auto& name : thread_variables()) {
     if (parent.count(name) != 0) add(name, parent[name]);
+  }
+  for (const auto& [name, value] : allocator_variables()) {
+    add(name, parent.count(name) != 0 ? parent[name] : value);
   }
   return vars;
 }

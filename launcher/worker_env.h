@@ -19,6 +19,17 @@ ParentEnv process_parent_env();
 // The OpenMP / BLAS thread-count variables kolorun fills in (torchrun sets the first).
 const std::vector<std::string>& thread_variables();
 
+// Allocator settings kolorun gives every worker (local, over ssh and through
+// mpirun) unless kolorun's environment or a -x entry sets the variable:
+// GLIBC_TUNABLES=glibc.malloc.hugetlb=1, glibc's (>= 2.35) advice for
+// transparent huge pages on the blocks malloc maps and on its heap. Training
+// frees and maps its large tensors again every step (glibc maps every block
+// of 32 MiB or more afresh), and each 4 KiB page of them is faulted in again:
+// with 2 MiB pages the MLP's step took 130 ms instead of 470 here
+// (docs/kolorun.md). No effect where THP is "never"; set GLIBC_TUNABLES
+// (even empty) in kolorun's environment to opt out.
+const std::vector<EnvVar>& allocator_variables();
+
 // The variables kolorun itself sets for each worker (placement, rendezvous,
 // elastic mode), with what each one is: -x cannot override them.
 const std::vector<std::pair<std::string, std::string>>& launcher_variables();
@@ -76,7 +87,8 @@ std::vector<std::string> current_environ();
 
 // Variables forwarded to remote workers besides kolo_variables(): the parent's
 // other KOLO_* settings (e.g. KOLO_LOG_LEVEL) but never KOLO_JOB_SECRET, the
-// thread variables the user set, and each -x NAME / -x NAME=VALUE. A -x NAME
+// thread variables the user set, each -x NAME / -x NAME=VALUE, and the
+// allocator variables (the parent's value, else kolorun's default). A -x NAME
 // that is unset here is skipped.
 std::vector<EnvVar> forwarded_variables(const std::vector<std::string>& parent_environ,
                                         const std::vector<std::string>& forward_env,

@@ -23,7 +23,9 @@ int threads_of(const Flags& flags) {
 // again: measured here, that was more than half of a CNN step on one core
 // (about 480 images/s instead of 1000). LD_PRELOAD of jemalloc or tcmalloc
 // would do the same. Blocks of 32 MiB or more are still mapped afresh each
-// time: the largest activation is (B, 64, 24, 24) floats, 144 KiB per image,
+// time (kolorun's default GLIBC_TUNABLES=glibc.malloc.hugetlb=1 makes those
+// fault in 2 MiB at a time, docs/kolorun.md): the largest activation is
+// (B, 64, 24, 24) floats, 144 KiB per image,
 // so batches up to about 220 images per worker stay below it (and the
 // Trainer's evaluation batch of 100, 15 MB).
 void keep_freed_memory() {

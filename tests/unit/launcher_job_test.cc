@@ -104,6 +104,21 @@ TEST(LauncherJob, LocalRequestRunsTheProgramWithTheVariables) {
   EXPECT_TRUE(contains(request.env, "KOLO_LOCAL_SIZE=2"));
   EXPECT_TRUE(contains(request.env, "OMP_NUM_THREADS=2"));  // 4 cores / 2 local workers
   EXPECT_TRUE(contains(request.env, "EXTRA=1"));
+  EXPECT_TRUE(contains(request.env, "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"));
+  // kolorun's own GLIBC_TUNABLES (even empty) is inherited instead, as is a -x one.
+  auto tuned = [](const std::string& name) -> std::optional<std::string> {
+    if (name == "GLIBC_TUNABLES") return std::string("");
+    return std::nullopt;
+  };
+  request = worker_request(plan, options, plan.placements[1], sample_job(),
+                           {"PATH=/bin", "GLIBC_TUNABLES="}, tuned, "/work");
+  EXPECT_TRUE(contains(request.env, "GLIBC_TUNABLES="));
+  EXPECT_FALSE(contains(request.env, "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"));
+  LaunchOptions given = options_for({"-np", "2", "-x", "GLIBC_TUNABLES=a=1", "sh"});
+  request = worker_request(plan, given, plan.placements[1], sample_job(), {"PATH=/bin"}, no_env(),
+                           "/work");
+  EXPECT_TRUE(contains(request.env, "GLIBC_TUNABLES=a=1"));
+  EXPECT_FALSE(contains(request.env, "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"));
 }
 
 TEST(LauncherJob, RemoteRequestGoesThroughSsh) {
@@ -122,7 +137,7 @@ TEST(LauncherJob, RemoteRequestGoesThroughSsh) {
   for (const std::string fragment :
        {"KOLO_RANK=2", "KOLO_LOCAL_RANK=1", "KOLO_LOCAL_SIZE=2", "KOLO_CROSS_RANK=1",
         "KOLO_CROSS_SIZE=2", "KOLO_STORE_ADDR=me", "KOLO_STORE_PORT=1234", "KOLO_LOG_LEVEL=info",
-        "/ 2 ))", "./train 'a b' </dev/null"}) {
+        "/ 2 ))", "GLIBC_TUNABLES=glibc.malloc.hugetlb=1", "./train 'a b' </dev/null"}) {
     EXPECT_NE(script.find(fragment), std::string::npos) << fragment << " in " << script;
   }
   EXPECT_TRUE(request.stdin_pipe);
@@ -198,9 +213,31 @@ TEST(LauncherMpi, BuildsTheEquivalentMpirunCommand) {
                                             "-x",
                                             "KOLO_LOG_LEVEL",
                                             "-x",
+                                            "GLIBC_TUNABLES=glibc.malloc.hugetlb=1",
+                                            "-x",
                                             "LD_LIBRARY_PATH",
                                             "./w",
                                             "arg"}));
+}
+
+// The allocator default reaches every rank, unless the user's environment
+// (passed on by name) or a -x entry (alone) says otherwise.
+TEST(LauncherMpi, AllocatorDefaultGivesWayToTheUsers) {
+  LaunchOptions plain = options_for({"-np", "2", "--backend", "mpi", "./w"});
+  EXPECT_TRUE(contains(mpirun_command(plain, {}, "mpirun", 2, {}, no_env()),
+                       "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"));
+  auto parent = [](const std::string& name) -> std::optional<std::string> {
+    if (name == "GLIBC_TUNABLES") return std::string("");
+    return std::nullopt;
+  };
+  auto argv = mpirun_command(plain, {}, "mpirun", 2, {}, parent);
+  EXPECT_TRUE(contains(argv, "GLIBC_TUNABLES"));
+  EXPECT_FALSE(contains(argv, "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"));
+  LaunchOptions given =
+      options_for({"-np", "2", "--backend", "mpi", "-x", "GLIBC_TUNABLES=glibc.malloc.arena_max=2", "./w"});
+  argv = mpirun_command(given, {}, "mpirun", 2, {}, no_env());
+  EXPECT_TRUE(contains(argv, "GLIBC_TUNABLES=glibc.malloc.arena_max=2"));
+  EXPECT_FALSE(contains(argv, "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"));
 }
 
 TEST(LauncherMpi, HostListsAndRefusals) {
