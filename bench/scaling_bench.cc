@@ -296,7 +296,11 @@ class Driver {
         // tensors back to the kernel each step, and page faults then dominate
         // whichever system happens to trip it.
         {"MALLOC_MMAP_THRESHOLD_", "33554432"},
-        {"MALLOC_TRIM_THRESHOLD_", "1073741824"}};
+        {"MALLOC_TRIM_THRESHOLD_", "1073741824"},
+        // ...and kolorun's allocator default (launcher/worker_env.h) for the
+        // systems it does not start too: transparent huge pages for the
+        // blocks of 32 MiB and more that are still mapped afresh every step.
+        {"GLIBC_TUNABLES", "glibc.malloc.hugetlb=1"}};
 
     std::vector<Command> commands;
     const std::string tag = config.model + "-" + config.system + "-" +
