@@ -78,12 +78,13 @@ std::vector<std::string> mpirun_command(const LaunchOptions& options,
   }
   // The allocator settings: the user's (-x, or kolorun's environment, which
   // mpirun passes on by name) or kolorun's default.
-  for (const auto& [name, value] : allocator_variables()) {
+  for (const EnvVar& var : allocator_variables()) {
+    const std::string& name = var.first;
     const bool forwarded =
         std::any_of(options.forward_env.begin(), options.forward_env.end(),
                     [&](const std::string& entry) { return entry.substr(0, entry.find('=')) == name; });
     if (forwarded) continue;
-    exported.push_back(parent(name) ? name : name + "=" + value);
+    exported.push_back(parent(name) ? name : name + "=" + var.second);
   }
   for (const auto& entry : options.forward_env) exported.push_back(entry);
   for (const auto& entry : exported) argv.insert(argv.end(), {"-x", entry});
