@@ -80,9 +80,9 @@ std::vector<std::string> mpirun_command(const LaunchOptions& options,
   // mpirun passes on by name) or kolorun's default.
   for (const EnvVar& var : allocator_variables()) {
     const std::string& name = var.first;
-    const bool forwarded =
-        std::any_of(options.forward_env.begin(), options.forward_env.end(),
-                    [&](const std::string& entry) { return entry.substr(0, entry.find('=')) == name; });
+    const bool forwarded = std::any_of(
+        options.forward_env.begin(), options.forward_env.end(),
+        [&](const std::string& entry) { return entry.substr(0, entry.find('=')) == name; });
     if (forwarded) continue;
     exported.push_back(parent(name) ? name : name + "=" + var.second);
   }

@@ -104,19 +104,20 @@ TEST(LauncherEnv, RemoteForwarding) {
                            "LD_LIBRARY_PATH=/opt/lib", "SECRET=x"},
                           {"LD_LIBRARY_PATH", "EXTRA=1", "UNSET_HERE"}, {{"KOLO_RANK", "1"}});
   auto map = as_map(vars);
-  EXPECT_EQ(map, (std::map<std::string, std::string>{{"LD_LIBRARY_PATH", "/opt/lib"},
-                                                     {"EXTRA", "1"},
-                                                     {"KOLO_LOG_LEVEL", "debug"},
-                                                     {"OMP_NUM_THREADS", "3"},
-                                                     {"GLIBC_TUNABLES", "glibc.malloc.hugetlb=1"}}));
+  EXPECT_EQ(map,
+            (std::map<std::string, std::string>{{"LD_LIBRARY_PATH", "/opt/lib"},
+                                                {"EXTRA", "1"},
+                                                {"KOLO_LOG_LEVEL", "debug"},
+                                                {"OMP_NUM_THREADS", "3"},
+                                                {"GLIBC_TUNABLES", "glibc.malloc.hugetlb=1"}}));
 }
 
 // Remote workers get kolorun's allocator default unless kolorun's
 // environment or -x sets the variable (an empty value opts out).
 TEST(LauncherEnv, RemoteAllocatorDefaultGivesWayToTheUsers) {
   EXPECT_EQ(as_map(forwarded_variables({"GLIBC_TUNABLES="}, {}, {}))["GLIBC_TUNABLES"], "");
-  EXPECT_EQ(as_map(forwarded_variables({"GLIBC_TUNABLES=glibc.malloc.hugetlb=0"}, {"GLIBC_TUNABLES=x"},
-                                       {}))["GLIBC_TUNABLES"],
+  EXPECT_EQ(as_map(forwarded_variables({"GLIBC_TUNABLES=glibc.malloc.hugetlb=0"},
+                                       {"GLIBC_TUNABLES=x"}, {}))["GLIBC_TUNABLES"],
             "x");
   ASSERT_EQ(allocator_variables().size(), 1u);
   EXPECT_EQ(allocator_variables()[0], (EnvVar{"GLIBC_TUNABLES", "glibc.malloc.hugetlb=1"}));

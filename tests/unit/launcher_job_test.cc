@@ -233,8 +233,8 @@ TEST(LauncherMpi, AllocatorDefaultGivesWayToTheUsers) {
   auto argv = mpirun_command(plain, {}, "mpirun", 2, {}, parent);
   EXPECT_TRUE(contains(argv, "GLIBC_TUNABLES"));
   EXPECT_FALSE(contains(argv, "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"));
-  LaunchOptions given =
-      options_for({"-np", "2", "--backend", "mpi", "-x", "GLIBC_TUNABLES=glibc.malloc.arena_max=2", "./w"});
+  LaunchOptions given = options_for(
+      {"-np", "2", "--backend", "mpi", "-x", "GLIBC_TUNABLES=glibc.malloc.arena_max=2", "./w"});
   argv = mpirun_command(given, {}, "mpirun", 2, {}, no_env());
   EXPECT_TRUE(contains(argv, "GLIBC_TUNABLES=glibc.malloc.arena_max=2"));
   EXPECT_FALSE(contains(argv, "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"));

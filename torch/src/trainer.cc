@@ -92,10 +92,11 @@ int64_t steps_per_epoch(int64_t samples, int world_size, const TrainerOptions& o
   // Public: a parameter server calls it with numbers of its own (a zero
   // would divide by zero below).
   if (samples < 0 || world_size < 1 || options.batch_size < 1) {
-    throw ContractError("kolo::steps_per_epoch: needs samples >= 0, world_size >= 1 and "
-                        "options.batch_size >= 1; got " + std::to_string(samples) + ", " +
-                        std::to_string(world_size) + " and " +
-                        std::to_string(options.batch_size));
+    throw ContractError(
+        "kolo::steps_per_epoch: needs samples >= 0, world_size >= 1 and "
+        "options.batch_size >= 1; got " +
+        std::to_string(samples) + ", " + std::to_string(world_size) + " and " +
+        std::to_string(options.batch_size));
   }
   const int64_t world = world_size;
   const int64_t batch = options.batch_size;
