@@ -504,11 +504,8 @@ int run_model_bench(const ModelBenchOptions& options) {
     }
   }
   if (!options.docs_path.empty()) {
-    auto body = [&](const Report& r) {
-      std::string text = docs + "**" + r.title + "**\n\n" + r.markdown();
-      for (const auto& note : r.notes) text += "\n" + note + "\n";
-      return text;
-    };
+    // markdown() ends with the report's notes as a list.
+    auto body = [&](const Report& r) { return docs + "**" + r.title + "**\n\n" + r.markdown(); };
     write_docs_section(options.docs_path, "model-fit", body(fitted));
     write_docs_section(options.docs_path, "model-check", body(check));
     write_docs_section(options.docs_path, "model-projection", body(projection));
