@@ -60,27 +60,3 @@ function(kolo_check_public_headers dir)
     endif()
   endforeach()
 endfunction()
-
-# kolo_precompile_torch(<target> [FROM <other>]): libtorch's <torch/torch.h>
-# precompiled once per target instead of parsed by each of its source files.
-# Nearly every libtorch file of kolo (library, tests, bench, examples, Python
-# extension) spends about 15 of its ~22 s compile parsing, mostly libtorch's
-# headers; with the header precompiled a file took 15.5 s instead of 23, and
-# the torch test tier's 29 files 305 s instead of 352 at -j2, its header's
-# 54 s included (docs/architecture.md). CI's time budget needs those minutes. The header is forced into each source file
-# of the target (files that need no libtorch opt out with the source property
-# SKIP_PRECOMPILE_HEADERS). FROM reuses <other>'s precompiled header, for a
-# target of one or two files compiled with the same flags (building a header
-# costs about as much as one file). -DKOLO_PRECOMPILE_TORCH=OFF builds without
-# it, which is how to check that every file includes what it uses.
-function(kolo_precompile_torch target)
-  cmake_parse_arguments(ARG "" "FROM" "" ${ARGN})
-  if(NOT KOLO_PRECOMPILE_TORCH)
-    return()
-  endif()
-  if(ARG_FROM)
-    target_precompile_headers(${target} REUSE_FROM ${ARG_FROM})
-  else()
-    target_precompile_headers(${target} PRIVATE <torch/torch.h>)
-  endif()
-endfunction()
