@@ -4,7 +4,8 @@
 # Installs the build into a temporary prefix, builds this folder's consumer
 # three ways (find_package, pkg-config, add_subdirectory of the source tree)
 # and runs each under the *installed* kolorun with 2 workers; every worker
-# checks that the ranks agree (main.cc). Also checks the installed kolorun's
+# checks that the ranks agree (main.cc; core_main.cc, the core alone, for
+# add_subdirectory: CMakeLists.txt says why). Also checks the installed kolorun's
 # --version and that libkolo_core exports no internal symbol.
 # --deb: the prefix comes from the Debian packages instead: `cpack -G DEB`
 # builds them, their Depends must name Debian's libtorch, gloo, OpenMPI and
@@ -113,7 +114,7 @@ for mode in "${modes[@]}"; do
   esac
   cmake "${args[@]}" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log" >&2; exit 1; }
   unset PKG_CONFIG_PATH
-  # Only what the consumer needs (add_subdirectory: kolo's libraries, not kolorun).
+  # Only what the consumer needs (add_subdirectory: kolo's core, not kolorun).
   cmake --build "$dir" -j "$jobs" --target kolo_consumer >"$dir.build.log" 2>&1 ||
     { cat "$dir.build.log" >&2; exit 1; }
   # The installed consumers run with the installed libraries.
