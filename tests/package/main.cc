@@ -9,25 +9,19 @@
 #include <torch/optim/sgd.h>
 
 #include <cstdio>
-#include <cstring>
 
 #include "kolo/kolo.h"
 #include "kolo/torch/broadcast.h"
 #include "kolo/torch/optimizer.h"
 #include "kolo/torch/tensor.h"
+#include "same_kolo.h"
 
 int main() {
   kolo::init();
   const int rank = kolo::rank();
   const int size = kolo::size();
 
-  // The headers this program was compiled against and the library it runs
-  // with must be the same kolo.
-  if (std::strcmp(kolo::version(), KOLO_VERSION_STRING) != 0) {
-    std::fprintf(stderr, "rank %d: headers of kolo %s, library of kolo %s\n", rank,
-                 KOLO_VERSION_STRING, kolo::version());
-    return 1;
-  }
+  if (!same_kolo(rank)) return 1;
 
   torch::manual_seed(1234);
   torch::nn::Linear model(8, 1);
