@@ -5,6 +5,7 @@
 // Each rank sums, through the engine, 1000 floats holding its rank + 1, and
 // checks that every element came back as 1 + 2 + ... + size. Exit status 0
 // only if that holds on this rank.
+#include <cstdint>
 #include <cstdio>
 #include <vector>
 
@@ -18,8 +19,9 @@ int main() {
 
   if (!same_kolo(rank)) return 1;
 
-  std::vector<float> values(1000, static_cast<float>(rank + 1));
-  const kolo::TensorView view{values.data(), kolo::DType::kF32, {1000}};
+  constexpr int64_t kCount = 1000;
+  std::vector<float> values(kCount, static_cast<float>(rank + 1));
+  const kolo::TensorView view{values.data(), kolo::DType::kF32, {kCount}};
   kolo::RequestOptions sum;
   sum.op = kolo::ReduceOp::kSum;
   kolo::runtime().engine().allreduce("consumer/values", view, view, sum);
@@ -28,7 +30,8 @@ int main() {
   int wrong = 0;
   for (float v : values) wrong += v != expected;
   std::printf("kolo core consumer: rank %d of %d, kolo %s, sum %g (expected %g), %d wrong: %s\n",
-              rank, size, kolo::version(), values[0], expected, wrong, wrong == 0 ? "ok" : "FAILED");
+              rank, size, kolo::version(), values[0], expected, wrong,
+              wrong == 0 ? "ok" : "FAILED");
   kolo::shutdown();
   return wrong == 0 ? 0 : 1;
 }
