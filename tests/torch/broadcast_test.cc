@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kolo/core/errors.h"
+#include "kolo/torch/compat.h"
 #include "test_net.h"
 #include "torch_harness.h"
 
@@ -123,7 +124,7 @@ std::string optimizer_bytes(torch::optim::Optimizer& optimizer) {
       out << "adagrad " << g->lr() << " " << g->lr_decay() << "\n";
     }
     for (const auto& p : group.params()) {
-      auto it = optimizer.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      auto it = optimizer.state().find(kolo::compat::optimizer_state_key(p));
       if (it == optimizer.state().end()) {
         out << "no state\n";
         continue;

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kolo/torch/checkpoint.h"
+#include "kolo/torch/compat.h"
 #include "kolo/torch/optimizer_factory.h"
 #include "optimizer_harness.h"
 #include "temp_dir.h"
@@ -356,7 +357,7 @@ TEST(MixedPrecision, MasterWeightsSurviveTheSingleFileEncoding) {
   ot::expect_params_close(*copy, *model, 0, 0, "resumed");
   for (const auto& p : copy->parameters()) {
     const auto& s = static_cast<const MasterParamState&>(
-        *master_copy.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+        *master_copy.state().at(kolo::compat::optimizer_state_key(p)));
     EXPECT_EQ(s.master.scalar_type(), torch::kFloat);
     EXPECT_TRUE(s.inner != nullptr);
   }

@@ -53,6 +53,17 @@ TEST(TorchTensorView, RejectsUnsupportedDtypesListingTheSupportedOnes) {
   }
 }
 
+TEST(TorchTensorView, RejectsATensorOnADeviceKoloDoesNotSupportNamingTheDevice) {
+  // The meta device exists in every libtorch build, GPU or not: its tensors
+  // have no memory, so a silent host copy or a read of data_ptr() would be
+  // wrong (or crash); the view refuses it by name.
+  const torch::Tensor t = torch::empty({4}, torch::TensorOptions().device(torch::kMeta));
+  const std::string message = error_of([&] { tensor_view(t, "kolo::allreduce", "grad/w"); });
+  EXPECT_NE(message.find("kolo::allreduce"), std::string::npos) << message;
+  EXPECT_NE(message.find("'grad/w' is on device meta"), std::string::npos) << message;
+  EXPECT_NE(message.find(".cpu()"), std::string::npos) << message;
+}
+
 TEST(TorchTensorView, RejectsNonContiguousAndUndefinedTensors) {
   torch::Tensor t = torch::zeros({3, 4}).t();
   std::string message = error_of([&] { tensor_view(t, "kolo::allreduce", "w"); });

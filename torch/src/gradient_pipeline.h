@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "kolo/core/engine.h"
+#include "kolo/torch/compat.h"
 
 namespace kolo::detail {
 
@@ -57,7 +58,7 @@ struct GradParam {
   // The AccumulateGrad node, held so that the same node (and our hooks on it)
   // serves every backward pass: otherwise it dies with each step's graph and
   // the next forward creates one without hooks (DDP's reducer does the same).
-  std::shared_ptr<torch::autograd::Node> accumulator;
+  compat::NodePtr accumulator;
   torch::autograd::FunctionPreHook* pre_hook = nullptr;
   uintptr_t post_hook_key = 0;
 };

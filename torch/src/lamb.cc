@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "kolo/core/errors.h"
+#include "kolo/torch/compat.h"
 
 namespace kolo {
 
@@ -125,7 +126,7 @@ torch::Tensor LAMB::step(LossClosure closure) {
     const auto& o = static_cast<const LAMBOptions&>(param_groups_[slot.group].options());
     const torch::Tensor& w = slot.param;
     const torch::Tensor& g = w.grad();
-    auto it = state_.find(c10::guts::to_string(w.unsafeGetTensorImpl()));
+    auto it = state_.find(compat::optimizer_state_key(w));
     const auto* state =
         it == state_.end() ? nullptr : static_cast<const LAMBParamState*>(it->second.get());
     const int64_t step = (state ? state->step() : 0) + 1;
@@ -156,7 +157,7 @@ torch::Tensor LAMB::step(LossClosure closure) {
     const Slot& slot = slots[i];
     const auto& o = static_cast<const LAMBOptions&>(param_groups_[slot.group].options());
     const torch::Tensor& w = slot.param;
-    auto& state = state_[c10::guts::to_string(w.unsafeGetTensorImpl())];
+    auto& state = state_[compat::optimizer_state_key(w)];
     if (!state) state = std::make_unique<LAMBParamState>();
     auto& lamb_state = static_cast<LAMBParamState&>(*state);
     lamb_state.step(lamb_state.step() + 1);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "kolo/core/errors.h"
+#include "kolo/torch/compat.h"
 
 namespace kolo {
 
@@ -141,7 +142,7 @@ torch::Tensor LARS::step(LossClosure closure) {
       w.sub_(scaled);
       continue;
     }
-    const std::string key = c10::guts::to_string(w.unsafeGetTensorImpl());
+    const auto key = compat::optimizer_state_key(w);
     auto it = state_.find(key);
     if (it == state_.end()) {
       auto state = std::make_unique<LARSParamState>();

@@ -7,6 +7,7 @@
 #include <typeinfo>
 
 #include "kolo/core/errors.h"
+#include "kolo/torch/compat.h"
 
 namespace kolo {
 
@@ -110,6 +111,12 @@ std::vector<std::vector<std::array<double, 2>>> LayerwiseOptimizer::layer_norms(
     }
   }
   return norms;
+}
+
+LayerwiseOptimizer::LayerwiseOptimizer(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                                       std::unique_ptr<torch::optim::OptimizerOptions> defaults)
+    : torch::optim::Optimizer(param_groups, std::move(defaults)) {
+  compat::keep_group_options(*this, param_groups);
 }
 
 void LayerwiseOptimizer::throw_wrong_options(const std::string& op, size_t group) const {

@@ -13,6 +13,7 @@
 
 #include "common.h"
 #include "kolo/core/errors.h"
+#include "kolo/torch/compat.h"
 #include "kolo/torch/parallel_optimizer.h"
 
 namespace kolo {
@@ -28,8 +29,6 @@ std::string exact(double value) {
   std::snprintf(text, sizeof(text), "%a", value);
   return text;
 }
-
-std::string key_of(const torch::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); }
 
 std::vector<torch::optim::OptimizerParamGroup> groups_of(torch::optim::Optimizer& inner) {
   if (!inner.state().empty()) {
@@ -96,7 +95,7 @@ torch::Tensor MasterWeightOptimizer::step(LossClosure closure) {
     inner_groups[g].set_options(param_groups_[g].options().clone());
     std::vector<torch::Tensor> masters;
     for (const torch::Tensor& p : param_groups_[g].params()) {
-      auto& slot = state_[key_of(p)];
+      auto& slot = state_[compat::optimizer_state_key(p)];
       if (!slot) slot = std::make_unique<MasterParamState>();
       auto* s = dynamic_cast<MasterParamState*>(slot.get());
       if (s == nullptr) {
@@ -106,7 +105,7 @@ torch::Tensor MasterWeightOptimizer::step(LossClosure closure) {
       }
       if (!s->master.defined()) s->master = p.detach().to(torch::kFloat).clone();
       s->master.mutable_grad() = p.grad().defined() ? p.grad().to(torch::kFloat) : torch::Tensor();
-      if (s->inner) inner_.state()[key_of(s->master)] = std::move(s->inner);
+      if (s->inner) inner_.state()[compat::optimizer_state_key(s->master)] = std::move(s->inner);
       masters.push_back(s->master);
       stepped.emplace_back(p, s);
     }
@@ -115,7 +114,7 @@ torch::Tensor MasterWeightOptimizer::step(LossClosure closure) {
   // Whatever happens, the inner state goes back to its parameter.
   const auto give_back = [&] {
     for (auto& [p, s] : stepped) {
-      auto it = inner_.state().find(key_of(s->master));
+      auto it = inner_.state().find(compat::optimizer_state_key(s->master));
       if (it != inner_.state().end()) s->inner = std::move(it->second);
       s->master.mutable_grad() = torch::Tensor();
     }
@@ -137,7 +136,7 @@ void MasterWeightOptimizer::save(torch::serialize::OutputArchive& archive) const
   int64_t index = 0;
   for (const auto& group : param_groups_) {
     for (const torch::Tensor& p : group.params()) {
-      auto it = state_.find(key_of(p));
+      auto it = state_.find(compat::optimizer_state_key(p));
       if (it != state_.end()) {
         torch::serialize::OutputArchive one(archive.compilation_unit());
         it->second->serialize(one);
@@ -178,7 +177,7 @@ void MasterWeightOptimizer::load(torch::serialize::InputArchive& archive) {
     params[i].copy_(values[i]);
     params[i].mutable_grad() = grads[i];
     torch::serialize::InputArchive one;
-    const std::string key = key_of(params[i]);
+    const auto key = compat::optimizer_state_key(params[i]);
     if (archive.try_read("state/" + std::to_string(i), one)) {
       state_.at(key)->serialize(one);
     } else {
@@ -207,14 +206,14 @@ const char* precision_name(Precision precision) {
 }
 
 AutocastGuard::AutocastGuard(c10::ScalarType dtype, bool enabled)
-    : previous_enabled_(at::autocast::is_cpu_enabled()),
-      previous_dtype_(at::autocast::get_autocast_cpu_dtype()) {
+    : previous_enabled_(compat::cpu_autocast_enabled()),
+      previous_dtype_(compat::cpu_autocast_dtype()) {
   if (enabled && dtype != torch::kBFloat16) {
     throw ContractError(std::string("kolo::AutocastGuard: dtype ") + c10::toString(dtype) +
                         "; libtorch autocasts the CPU to BFloat16 only (torch::kBFloat16)");
   }
-  at::autocast::set_cpu_enabled(enabled);
-  at::autocast::set_autocast_cpu_dtype(dtype);
+  compat::set_cpu_autocast_enabled(enabled);
+  compat::set_cpu_autocast_dtype(dtype);
   at::autocast::increment_nesting();
 }
 
@@ -222,8 +221,8 @@ AutocastGuard::~AutocastGuard() {
   // Leaving the outermost region frees the casts of the weights autocast
   // cached for it (as torch.autocast's __exit__).
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  at::autocast::set_cpu_enabled(previous_enabled_);
-  at::autocast::set_autocast_cpu_dtype(previous_dtype_);
+  compat::set_cpu_autocast_enabled(previous_enabled_);
+  compat::set_cpu_autocast_dtype(previous_dtype_);
 }
 
 LossScaler::LossScaler(LossScalerOptions options) : options_(std::move(options)) {

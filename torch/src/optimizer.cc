@@ -16,6 +16,7 @@
 #include "common.h"
 #include "gradient_pipeline.h"
 #include "kolo/core/errors.h"
+#include "kolo/torch/compat.h"
 #include "sharded_checkpoint.h"
 
 namespace kolo {
@@ -549,10 +550,10 @@ void DistributedOptimizer::synchronize() { impl_->synchronize(); }
 void DistributedOptimizer::zero_grad() {
   impl_->pipeline.restart("zero_grad");
   if (impl_->optimizer != nullptr) {
-    impl_->optimizer->zero_grad();
+    compat::zero_grad_in_place(*impl_->optimizer);
     return;
   }
-  // As torch::optim::Optimizer::zero_grad() in libtorch 1.13.
+  // As compat::zero_grad_in_place().
   for (detail::GradParam& p : impl_->pipeline.params) {
     torch::Tensor& grad = p.param.mutable_grad();
     if (grad.defined()) {

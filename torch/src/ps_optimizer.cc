@@ -26,7 +26,7 @@ torch::Tensor WorkerOptimizer::step() {
   return {};
 }
 
-void WorkerOptimizer::zero_grad() { model_.zero_grad(); }
+void WorkerOptimizer::zero_grad() { model_.zero_grad(/*set_to_none=*/false); }
 
 torch::optim::Optimizer& WorkerOptimizer::optimizer() {
   throw ContractError(

@@ -22,6 +22,7 @@
 #include "archive_codec.h"
 #include "kolo/core/errors.h"
 #include "kolo/core/split.h"
+#include "kolo/torch/compat.h"
 #include "kolo/torch/layerwise.h"
 #include "zero_format.h"
 #include "zero_state.h"
@@ -81,10 +82,6 @@ Shard read_shard(const std::string& dir, const Index& index, int r) {
 
 // --- What both optimizers share --------------------------------------------------
 
-std::string state_key(const torch::Tensor& t) {
-  return c10::guts::to_string(t.unsafeGetTensorImpl());
-}
-
 // The optimizer's state of `key` (a tensor the optimizer steps) split into
 // element-wise tensors (shaped like key, flattened) and the rest (an archive
 // of scalars). False if it has none. `odd`, when given, receives the name of
@@ -92,7 +89,7 @@ std::string state_key(const torch::Tensor& t) {
 bool split_state(const torch::optim::Optimizer& optimizer, const torch::Tensor& key,
                  std::map<std::string, torch::Tensor>& elementwise, std::string& scalars,
                  std::string* odd = nullptr) {
-  auto it = optimizer.state().find(state_key(key));
+  auto it = optimizer.state().find(compat::optimizer_state_key(key));
   if (it == optimizer.state().end()) return false;
   torch::serialize::OutputArchive out;
   it->second->serialize(out);
@@ -205,7 +202,7 @@ void restore_state(torch::optim::Optimizer& optimizer, const std::vector<StateLo
     key.mutable_grad() = grads[i];
   }
   for (const StateLoad& l : loads) {
-    auto it = optimizer.state().find(state_key(l.key));
+    auto it = optimizer.state().find(compat::optimizer_state_key(l.key));
     if (!l.has_state) {
       if (it != optimizer.state().end()) optimizer.state().erase(it);
       continue;

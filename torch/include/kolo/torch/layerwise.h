@@ -84,7 +84,9 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
   int64_t reductions() const { return reductions_; }
 
  protected:
-  using torch::optim::Optimizer::Optimizer;
+  // Each group keeps its own options (compat::keep_group_options says why).
+  LayerwiseOptimizer(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                     std::unique_ptr<torch::optim::OptimizerOptions> defaults);
 
   // A parameter being stepped (its gradient is defined).
   struct Slot {
