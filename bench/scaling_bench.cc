@@ -244,13 +244,13 @@ class Driver {
     const bool have_kolo_python =
         have_python && python_imports(options_.python, "kolo.torch", python_path_);
     if (!have_python && wanted("pytorch_ddp"))
-      notes->push_back("pytorch_ddp: not measured (" + options_.python +
-                       " cannot import torch: apt-get install python3-torch, or pass --python)");
+      notes->push_back(
+          "pytorch_ddp: not measured (" + options_.python +
+          " cannot import torch: bash scripts/setup.sh installs it into .venv, or pass --python)");
     if (!have_kolo_python && wanted("kolo_python"))
       notes->push_back("kolo_python: not measured (" + options_.python +
                        " cannot import kolo.torch from " + python_path_ +
-                       ": build kolo with python3-torch, pybind11-dev and python3-dev, or pass "
-                       "--python-path)");
+                       ": build kolo for that interpreter (-DKOLO_PYTHON), or pass --python-path)");
     std::vector<Config> list;
     for (const std::string& model : options_.models) {
       for (const std::string& system : options_.systems) {

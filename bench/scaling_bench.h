@@ -93,9 +93,10 @@ struct ScalingOptions {
   std::string python_worker;  // default: <source dir>/bench/scaling_worker.py
   std::string python_path;    // kolo_python's PYTHONPATH; default: <build dir>/python
   std::string kolorun;        // default: <build dir>/launcher/kolorun
-  // Debian's interpreter, where python3-torch lives (a pyenv python3 earlier
-  // in PATH has no torch); pytorch_ddp and kolo_python run on it.
-  std::string python = "/usr/bin/python3";
+  // The interpreter the build's Python frontend is for (KOLO_PYTHON: the
+  // project's .venv with torch 2.x by default); pytorch_ddp and kolo_python
+  // run on it, so that DDP and kolo use the same torch.
+  std::string python = KOLO_BENCH_PYTHON;
 };
 
 // What a worker process runs (the hidden `--worker` mode).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The Python workers of `kolo-bench scaling` (Debian's python3-torch 1.13).
+"""The Python workers of `kolo-bench scaling` (the torch of the build's KOLO_PYTHON).
 
 Trains the same two models as the C++ workers (bench/scaling_models.h) and
 prints one JSON line per rank: {"rank", "world", "threads", "batch",
@@ -11,8 +11,8 @@ prints one JSON line per rank: {"rank", "world", "threads", "batch",
                   kolorun (the `kolo_python` rows), written as a Horovod
                   user writes it
 
-Debian's torchrun fails on Python 3.11 (AttributeError inside the elastic
-agent), so DDP's ranks are started by hand:
+The driver starts DDP's ranks by hand (Debian's torchrun 1.13 fails on
+Python 3.11, AttributeError inside the elastic agent):
 
   RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
       python3 bench/scaling_worker.py --model cnn &
@@ -21,7 +21,7 @@ agent), so DDP's ranks are started by hand:
 
 and kolo's by kolorun:
 
-  PYTHONPATH=build/python build/launcher/kolorun -np 2 /usr/bin/python3 \
+  PYTHONPATH=build/python build/launcher/kolorun -np 2 .venv/bin/python \
       bench/scaling_worker.py --system kolo --model cnn
 
 Without WORLD_SIZE (or with 1) a ddp worker trains alone, with no process group.

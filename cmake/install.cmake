@@ -20,7 +20,8 @@ install(EXPORT kolo-core-targets NAMESPACE kolo:: DESTINATION ${KOLO_INSTALL_CMA
         COMPONENT Development)
 
 if(TARGET kolo_torch)
-  set_property(TARGET kolo_torch PROPERTY INSTALL_RPATH "$ORIGIN")  # finds libkolo_core beside it
+  # libkolo_core beside it, and a wheel's libtorch where it is (KoloTorch.cmake).
+  set_property(TARGET kolo_torch PROPERTY INSTALL_RPATH "$ORIGIN" ${KOLO_TORCH_RUNPATH})
   install(TARGETS kolo_torch EXPORT kolo-torch-targets
           LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT Runtime
                   NAMELINK_COMPONENT Development)
@@ -32,7 +33,8 @@ endif()
 
 foreach(tool kolorun kolo-bench kolo-zero-consolidate)
   if(TARGET ${tool})
-    set_property(TARGET ${tool} PROPERTY INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
+    set_property(TARGET ${tool} PROPERTY INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}"
+                                                       ${KOLO_TORCH_RUNPATH})
     install(TARGETS ${tool} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT Tools)
   endif()
 endforeach()
@@ -66,12 +68,14 @@ else:
   # The extension finds libkolo_torch and libkolo_core relative to itself.
   file(RELATIVE_PATH KOLO_PYTHON_TO_LIBDIR
        /prefix/${KOLO_PYTHON_INSTALL_DIR}/kolo /prefix/${CMAKE_INSTALL_LIBDIR})
-  set_target_properties(kolo_python_extension PROPERTIES
-    INSTALL_RPATH "$ORIGIN/${KOLO_PYTHON_TO_LIBDIR}")
+  set_property(TARGET kolo_python_extension PROPERTY
+    INSTALL_RPATH "$ORIGIN/${KOLO_PYTHON_TO_LIBDIR}" ${KOLO_TORCH_RUNPATH})
   install(TARGETS kolo_python_extension
           LIBRARY DESTINATION ${KOLO_PYTHON_INSTALL_DIR}/kolo COMPONENT Python)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/kolo DESTINATION ${KOLO_PYTHON_INSTALL_DIR}
           COMPONENT Python FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
+  install(FILES ${PROJECT_BINARY_DIR}/python/kolo/_build.py
+          DESTINATION ${KOLO_PYTHON_INSTALL_DIR}/kolo COMPONENT Python)
 endif()
 
 configure_package_config_file(cmake/kolo-config.cmake.in
@@ -90,6 +94,11 @@ if(TARGET kolo_torch)
   # libtorch's flags as its CMake package gives them: include folders outside
   # the compiler's default ones, the ABI definition, and its libraries.
   set(KOLO_PC_TORCH_CFLAGS ${TORCH_CXX_FLAGS})
+  # libtorch 2.x's headers need C++20 (its CMake target says cxx_std_20).
+  get_target_property(torch_features torch INTERFACE_COMPILE_FEATURES)
+  if(torch_features AND "cxx_std_20" IN_LIST torch_features)
+    string(APPEND KOLO_PC_TORCH_CFLAGS " -std=c++20")
+  endif()
   foreach(dir ${TORCH_INCLUDE_DIRS})
     if(NOT dir IN_LIST CMAKE_CXX_IMPLICIT_INCLUDE_DIRECTORIES)
       string(APPEND KOLO_PC_TORCH_CFLAGS " -I${dir}")
@@ -115,6 +124,9 @@ if(TARGET kolo_torch)
       string(APPEND KOLO_PC_TORCH_LIBS " -L${dir}")
     endif()
     string(APPEND KOLO_PC_TORCH_LIBS " -l${lib}")
+  endforeach()
+  foreach(option ${KOLO_TORCH_LINK_OPTIONS})  # the wheel's NCCL (KoloTorch.cmake)
+    string(APPEND KOLO_PC_TORCH_LIBS " ${option}")
   endforeach()
   string(STRIP "${KOLO_PC_TORCH_CFLAGS}" KOLO_PC_TORCH_CFLAGS)
   string(STRIP "${KOLO_PC_TORCH_LIBS}" KOLO_PC_TORCH_LIBS)

@@ -140,7 +140,7 @@ if [[ -f $build/python/kolo/__init__.py ]]; then
     echo "kolo.torch uses libkolo_torch from '$used', not from $libdir" >&2
     exit 1
   fi
-  PYTHONPATH=$package_dir "$prefix/bin/kolorun" -np 2 /usr/bin/python3 -c '
+  PYTHONPATH=$package_dir "$prefix/bin/kolorun" -np 2 "${PACKAGE_PYTHON:-/usr/bin/python3}" -c '
 import torch, kolo.torch as hvd
 hvd.init()
 total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
