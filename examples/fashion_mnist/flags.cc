@@ -73,6 +73,11 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& flags) {
                "Start from the checkpoint in --checkpoint-dir (same --zero-stage kind; a ZeRO "
                "checkpoint loads at any worker count; a parameter-server one at the worker and "
                "server counts that saved it)");
+  app.add_flag("--resume-if-present", flags.resume_if_present,
+               "As --resume when --checkpoint-dir holds a checkpoint, else start afresh: the "
+               "same command line serves the first start and every restart (torchrun "
+               "--max-restarts restarts the whole group with the same arguments)")
+      ->excludes("--resume");
   app.add_option("--threads", flags.threads,
                  "Threads per worker (default: $OMP_NUM_THREADS, which kolorun sets, else 1)");
   app.add_option("--train-subset", flags.train_subset,
@@ -176,8 +181,17 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& flags) {
                  flags.optimizer.min_trust_ratio, flags.optimizer.max_trust_ratio);
     return 2;
   }
-  if (flags.resume && flags.checkpoint_dir.empty()) {
-    std::fprintf(stderr, "fashion_mnist: --resume needs --checkpoint-dir\n");
+  if ((flags.resume || flags.resume_if_present) && flags.checkpoint_dir.empty()) {
+    std::fprintf(stderr, "fashion_mnist: %s needs --checkpoint-dir\n",
+                 flags.resume ? "--resume" : "--resume-if-present");
+    return 2;
+  }
+  if (flags.resume_if_present && (flags.elastic || flags.strategy != "allreduce")) {
+    std::fprintf(stderr,
+                 "fashion_mnist: --resume-if-present is for data-parallel training under a "
+                 "launcher that restarts the group (torchrun --max-restarts); --elastic and "
+                 "--strategy %s take --resume\n",
+                 flags.strategy.c_str());
     return 2;
   }
   if (flags.zero_stage != 0 && flags.compression != "none") {

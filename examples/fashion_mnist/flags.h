@@ -21,6 +21,7 @@ struct Flags {
   double min_lr = 0;                  // cosine: the rate at the last epoch
   std::string checkpoint_dir;         // "" = no checkpoints
   bool resume = false;                // start from the checkpoint in checkpoint_dir
+  bool resume_if_present = false;     // ... if it holds one (torchrun --max-restarts)
   int threads = 0;                    // 0 = $OMP_NUM_THREADS (kolorun sets it), else 1
   int64_t train_subset = 0;           // 0 = all 60000 training images
   int64_t test_subset = 0;            // 0 = all 10000 test images

@@ -233,8 +233,9 @@ Callbacks callbacks_of(const Flags& flags, const kolo::Dataset& train, const kol
     // at --zero-stage 0, every worker its shard at stages 1-3. --resume
     // continues from it, whatever stage and worker count wrote it.
     kolo::ModelCheckpointOptions checkpoint{flags.checkpoint_dir};
-    checkpoint.resume = flags.resume ? kolo::ModelCheckpointOptions::Resume::kRequired
-                                     : kolo::ModelCheckpointOptions::Resume::kNo;
+    checkpoint.resume = flags.resume              ? kolo::ModelCheckpointOptions::Resume::kRequired
+                        : flags.resume_if_present ? kolo::ModelCheckpointOptions::Resume::kIfPresent
+                                                  : kolo::ModelCheckpointOptions::Resume::kNo;
     checkpoint.verbose = true;
     callbacks.push_back(std::make_shared<kolo::ModelCheckpoint>(checkpoint));
   }

@@ -1,10 +1,12 @@
 """Fashion-MNIST with the seed's Keras-style CNN, data-parallel with Horovod's API.
 
 This is a Horovod PyTorch training script: the import line is the only
-thing that says kolo. Run it on 2 local workers (Debian's interpreter, where
-python3-torch lives):
+thing that says kolo. Run it on 2 local workers with the interpreter kolo
+was built for (the project's .venv), under kolorun or torchrun:
 
-    PYTHONPATH=build/python build/launcher/kolorun -np 2 /usr/bin/python3 \\
+    PYTHONPATH=build/python build/launcher/kolorun -np 2 .venv/bin/python \\
+        examples/python/fashion_mnist.py --epochs 2
+    PYTHONPATH=build/python .venv/bin/torchrun --nproc-per-node 2 \\
         examples/python/fashion_mnist.py --epochs 2
 
 The data are Debian's dataset-fashion-mnist files

@@ -3,7 +3,7 @@
 Horovod's elastic recipe (hvd.elastic.run, TorchState, ElasticSampler) with
 kolo: run it under kolorun's elastic mode,
 
-    PYTHONPATH=build/python build/launcher/kolorun -np 3 --min-np 2 /usr/bin/python3 \\
+    PYTHONPATH=build/python build/launcher/kolorun -np 3 --min-np 2 .venv/bin/python \\
         examples/python/fashion_mnist_elastic.py --epochs 2
 
 and kill a worker while it trains (kill -9 <pid>): the others re-form the

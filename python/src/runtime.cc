@@ -14,6 +14,7 @@
 #include "kolo/core/communicator.h"
 #include "kolo/core/elastic.h"
 #include "kolo/core/errors.h"
+#include "kolo/torch/c10d_store.h"
 #include "kolo/torch/tensor.h"
 
 namespace kolo::python {
@@ -50,6 +51,8 @@ void bind_runtime(py::module_& m) {
         }
         {
           py::gil_scoped_release release;
+          // Under torchrun (>= 2.4) the workers join its agent's c10d store.
+          options.init = with_launcher_store(options.init);
           elastic::init(options);
         }
         reset_request_names();
@@ -57,7 +60,8 @@ void bind_runtime(py::module_& m) {
       },
       py::arg("backend") = py::none(), py::arg("timeout_seconds") = py::none(),
       "kolo::elastic::init(): kolo::init() (rank and size from kolorun, mpirun, srun or "
-      "torchrun variables; a world of one without them), or under kolorun's elastic mode the "
+      "torchrun variables, joining torchrun's agent store; a world of one without them), or under "
+      "kolorun's elastic mode the "
       "first world this worker joins. ContractError if already initialised.");
   m.def("shutdown", &shutdown, py::call_guard<py::gil_scoped_release>(),
         "kolo::shutdown(): stops the engine and closes the communicators. Does nothing if "

@@ -119,7 +119,7 @@ std::shared_ptr<Store> connect_c10d_store(const std::string& host, int port, mil
   return std::make_shared<C10dStore>(host, port, timeout);
 }
 
-void init_torch(const InitOptions& options) {
+InitOptions with_launcher_store(const InitOptions& options) {
   InitOptions joined = options;
   if (!joined.store) {
     const EnvLookup env = options.env ? options.env : process_env();
@@ -133,7 +133,9 @@ void init_torch(const InitOptions& options) {
       joined.store = connect_c10d_store(topology.store_host, topology.store_port, timeout);
     }
   }
-  init(joined);
+  return joined;
 }
+
+void init_torch(const InitOptions& options) { init(with_launcher_store(options)); }
 
 }  // namespace kolo

@@ -1,7 +1,7 @@
 """Horovod's PyTorch API on kolo's engine: ``import kolo.torch as hvd``.
 
 A Horovod training script runs with only its import line changed, launched
-by ``kolorun -np N /usr/bin/python3 train.py`` (or mpirun). Collectives,
+by ``kolorun -np N python train.py`` (or mpirun, or torchrun). Collectives,
 fusion, the gradient pipeline, the timeline and elastic training are the
 C++ engine's that kolo's C++ programs use (docs/python.md lists every
 difference from Horovod).

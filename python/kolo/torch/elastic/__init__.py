@@ -1,6 +1,6 @@
 """Horovod's elastic API (horovod.torch.elastic) on kolo's elastic layer.
 
-Run under ``kolorun -np 3 --min-np 2 /usr/bin/python3 train.py``::
+Run under ``kolorun -np 3 --min-np 2 python train.py``::
 
     hvd.init()                                   # joins the first world
     state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)

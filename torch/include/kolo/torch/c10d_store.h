@@ -30,6 +30,12 @@ namespace kolo {
 // KOLO_TIMEOUT_SECONDS) is a RuntimeFault naming its address.
 void init_torch(const InitOptions& options = {});
 
+// `options` with InitOptions::store set to a client of the launcher's c10d
+// store when the topology says there is one and options.store is not set;
+// otherwise `options` unchanged. init_torch() is init(with_launcher_store());
+// the Python frontend's hvd.init() uses it before its elastic::init().
+InitOptions with_launcher_store(const InitOptions& options);
+
 // A kolo::Store over a c10d::TCPStore client of the server at host:port
 // (connects with retries until `timeout`). Waits poll the server with
 // check(), so one thread waiting never holds the connection from another;
