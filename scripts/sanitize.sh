@@ -8,8 +8,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${KOLO_FUZZ_SECONDS:-35}
+# The libtorch part (the checkpoint codecs' fuzz targets) builds against
+# Debian's libtorch 1.13, whose headers clang 14 compiles; the codecs are the
+# same code on every libtorch, and the main suite runs them on torch 2.x.
 CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DKOLO_FUZZ=ON -DKOLO_FUZZ_SECONDS="$seconds" >/dev/null
+  -DTorch_DIR=/usr/lib/x86_64-linux-gnu/cmake/Torch -DKOLO_PYTHON=/usr/bin/python3 \
+  -DKOLO_BUILD_PYTHON=OFF -DKOLO_FUZZ=ON -DKOLO_FUZZ_SECONDS="$seconds" >/dev/null
 # KOLO_SANITIZE_TIERS: ctest labels of the test tiers run under the
 # sanitizers besides the fuzz targets. Default (CI): the unit and collectives
 # tiers, ranks as threads, which cover the core's communicators, engine, store

@@ -2,6 +2,7 @@
 # Installs the Debian packages kolo needs, only those that are missing.
 # Run as root on Debian 12 (CI and the README's quick start do).
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake ninja-build pkg-config
@@ -39,4 +40,30 @@ if ((${#missing[@]})); then
   apt-get install -y -q --no-install-recommends "${missing[@]}"
 else
   echo "setup: all packages present"
+fi
+
+# The project's Python environment, .venv: the machine's Python 3 (the
+# python3 first on PATH; Debian's with python3-venv otherwise) with the newest
+# torch 2.x from PyPI. A plain `cmake -S . -B build` takes its libtorch and its
+# interpreter (cmake/KoloTorch.cmake); Debian's libtorch 1.13 and python3-torch
+# above are the second, tested stack (scripts/build.sh --torch-1.13).
+# KOLO_TORCH_REQUIREMENT pins another torch (e.g. "torch==2.4.1").
+venv=$PWD/.venv
+if [[ ! -x $venv/bin/python ]]; then
+  base=python3
+  if ! "$base" -c 'import venv, ensurepip' 2>/dev/null; then
+    base=/usr/bin/python3
+    dpkg-query -W -f='${Status}' python3-venv 2>/dev/null | grep -q "install ok installed" ||
+      apt-get install -y -q --no-install-recommends python3-venv
+  fi
+  echo "setup: creating $venv with $("$base" --version 2>&1)"
+  "$base" -m venv "$venv"
+fi
+requirements=("${KOLO_TORCH_REQUIREMENT:-torch>=2.4,<3}" numpy pytest)
+# From /: the source tree's torch/ folder would shadow the package.
+if (cd / && "$venv/bin/python" -c 'import torch, numpy, pytest' 2>/dev/null); then
+  echo "setup: $venv has torch $(cd / && "$venv/bin/python" -c 'import torch; print(torch.__version__)')"
+else
+  echo "setup: installing ${requirements[*]} into $venv (torch's CUDA wheels: about 5 GB)"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "${requirements[@]}"
 fi
