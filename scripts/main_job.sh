@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # README command 1: install what is missing, build, then train the Fashion-MNIST
-# CNN (examples/fashion_mnist) on 2 local workers: 5 epochs, about 3 minutes on
+# CNN (examples/fashion_mnist) on 2 local workers: 5 epochs, about 4.5 minutes on
 # a 2-core machine, ending at about 0.91 test accuracy.
 # The collective benchmark is its own command:
 #   build/launcher/kolorun -np 2 build/bench/kolo-bench collectives
