@@ -37,8 +37,7 @@ else()
     list(GET _kolo_python_torch 3 KOLO_TORCH_PYBIND11_BUILD_ABI)
     set(Python3_EXECUTABLE ${KOLO_PYTHON})
     find_package(Python3 COMPONENTS Interpreter Development.Module QUIET)
-    get_filename_component(_kolo_torch_lib_dir "${TORCH_LIBRARY}" DIRECTORY)
-    find_library(KOLO_TORCH_PYTHON_LIBRARY torch_python PATHS "${_kolo_torch_lib_dir}"
+    find_library(KOLO_TORCH_PYTHON_LIBRARY torch_python PATHS "${KOLO_TORCH_LIB_DIR}"
                  NO_DEFAULT_PATH)
     if(NOT KOLO_PYTHON_TORCH_VERSION VERSION_EQUAL Torch_VERSION)
       set(_kolo_python_why "${KOLO_PYTHON} imports torch ${KOLO_PYTHON_TORCH_VERSION}, the build "
@@ -46,11 +45,11 @@ else()
                            "of that libtorch")
     elseif(NOT Python3_Development.Module_FOUND)
       set(_kolo_python_why "no Python headers for ${KOLO_PYTHON} (apt-get install python3-dev)")
-    elseif(NOT EXISTS ${_kolo_torch_lib_dir}/../include/pybind11/pybind11.h
+    elseif(NOT EXISTS ${KOLO_TORCH_LIB_DIR}/../include/pybind11/pybind11.h
            AND NOT EXISTS /usr/include/pybind11/pybind11.h)
       set(_kolo_python_why "no pybind11 headers (apt-get install pybind11-dev)")
     elseif(NOT KOLO_TORCH_PYTHON_LIBRARY)
-      set(_kolo_python_why "no libtorch_python.so in ${_kolo_torch_lib_dir}")
+      set(_kolo_python_why "no libtorch_python.so in ${KOLO_TORCH_LIB_DIR}")
     else()
       set(KOLO_HAVE_PYTHON ON)
       set(_kolo_python_why "${KOLO_PYTHON}, Python ${Python3_VERSION}, torch ${KOLO_PYTHON_TORCH_VERSION}")

@@ -78,17 +78,19 @@ if(KOLO_WITH_TORCH)
     set(KOLO_HAVE_TORCH ON)
     # Debian's libtorch-dev (its libraries in the system's folders): the one
     # a Debian package of kolo can depend on (cmake/package.cmake).
-    # KOLO_TORCH_RUNPATH: where an installed libkolo_torch.so (and whatever
-    # else links libtorch) finds libtorch's libraries, which are in no system
-    # folder unless they are Debian's (cmake/install.cmake).
-    get_filename_component(_kolo_torch_lib_dir "${TORCH_LIBRARY}" DIRECTORY)
+    # KOLO_TORCH_LIB_DIR: the folder of the libtorch found (KoloPython.cmake
+    # takes libtorch_python from there). KOLO_TORCH_RUNPATH: where an
+    # installed libkolo_torch.so (and whatever else links libtorch) finds
+    # libtorch's libraries, which are in no system folder unless they are
+    # Debian's (cmake/install.cmake).
+    get_filename_component(KOLO_TORCH_LIB_DIR "${TORCH_LIBRARY}" DIRECTORY)
     if(TORCH_LIBRARY MATCHES "^/usr/lib/")
       set(KOLO_TORCH_IS_DEBIAN ON)
       set(KOLO_TORCH_RUNPATH "")
       set(KOLO_TORCH_PREFIX_FOR_CONSUMERS "")
     else()
       set(KOLO_TORCH_IS_DEBIAN OFF)
-      set(KOLO_TORCH_RUNPATH "${_kolo_torch_lib_dir}")
+      set(KOLO_TORCH_RUNPATH "${KOLO_TORCH_LIB_DIR}")
       # kolo-config.cmake finds the same libtorch for a consumer (install.cmake).
       set(KOLO_TORCH_PREFIX_FOR_CONSUMERS "${TORCH_INSTALL_PREFIX}")
     endif()

@@ -46,7 +46,7 @@ fi
 # python3 first on PATH; Debian's with python3-venv otherwise) with the newest
 # torch 2.x from PyPI. A plain `cmake -S . -B build` takes its libtorch and its
 # interpreter (cmake/KoloTorch.cmake); Debian's libtorch 1.13 and python3-torch
-# above are the second, tested stack (scripts/build.sh --torch-1.13).
+# above are the second, tested stack (scripts/build.sh --debian-torch).
 # KOLO_TORCH_REQUIREMENT pins another torch (e.g. "torch==2.4.1").
 venv=$PWD/.venv
 if [[ ! -x $venv/bin/python ]]; then
@@ -61,8 +61,8 @@ if [[ ! -x $venv/bin/python ]]; then
 fi
 requirements=("${KOLO_TORCH_REQUIREMENT:-torch>=2.4,<3}" numpy pytest)
 # From /: the source tree's torch/ folder would shadow the package.
-if (cd / && "$venv/bin/python" -c 'import torch, numpy, pytest' 2>/dev/null); then
-  echo "setup: $venv has torch $(cd / && "$venv/bin/python" -c 'import torch; print(torch.__version__)')"
+if version=$(cd / && "$venv/bin/python" -c 'import torch, numpy, pytest; print(torch.__version__)' 2>/dev/null); then
+  echo "setup: $venv has torch $version"
 else
   echo "setup: installing ${requirements[*]} into $venv (torch's CUDA wheels: about 5 GB)"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "${requirements[@]}"
