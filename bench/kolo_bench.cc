@@ -246,9 +246,13 @@ int main(int argc, char** argv) {
   auto* zero_sub = app.add_subcommand(
       "zero",
       "per-rank memory (parameters, gradients, Adam state, peak RSS) and step time of ZeRO "
-      "stages 1-3 against DistributedOptimizer on a ~100 M-parameter model");
-  zero_sub->add_option("--modes", zero.modes, "ddp, 1, 2, 3 (3 runs with and without prefetch)")
-      ->delimiter(',');
+      "stages 1-3 against DistributedOptimizer and PyTorch's FSDP2 on a ~100 M-parameter model");
+  zero_sub
+      ->add_option("--modes", zero.modes,
+                   "ddp, 1, 2, 3 (3 runs with and without prefetch), fsdp2 (PyTorch's, under "
+                   "torchrun)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"ddp", "1", "2", "3", "fsdp2"}));
   zero_sub->add_option("--workers", zero.workers, "worker counts")->delimiter(',');
   zero_sub->add_option("--layers", zero.layers, "Linear layers")->check(CLI::PositiveNumber);
   zero_sub->add_option("--width", zero.width, "features per layer")->check(CLI::PositiveNumber);
@@ -261,6 +265,9 @@ int main(int argc, char** argv) {
   zero_sub->add_flag("--json", zero.json, "one JSON object per row instead of the table");
   zero_sub->add_option("--docs", zero.docs_path, "rewrite the zero section of this markdown file");
   zero_sub->add_option("--kolorun", zero.kolorun, "path of kolorun");
+  zero_sub->add_option(
+      "--python", zero.python,
+      "interpreter with torch >= 2.6 for fsdp2 (default: the build's KOLO_PYTHON)");
   zero_sub->add_flag("--worker", zero_is_worker)->group("");
   zero_sub->add_option("--mode", zero_worker.mode)->group("");
   zero_sub->add_flag("--no-prefetch", zero_worker.no_prefetch)->group("");
@@ -328,6 +335,11 @@ int main(int argc, char** argv) {
   pipeline_sub->add_option("--docs", pipeline.docs_path,
                            "rewrite the pipeline section of this markdown file (repeatable)");
   pipeline_sub->add_option("--kolorun", pipeline.kolorun, "path of kolorun");
+  pipeline_sub->add_flag("!--no-torch", pipeline.compare_torch,
+                         "leave out the table against torch.distributed.pipelining");
+  pipeline_sub->add_option("--python", pipeline.python,
+                           "interpreter whose torch.distributed.pipelining is measured (default: "
+                           "the build's KOLO_PYTHON)");
   // The hidden worker mode the driver starts.
   pipeline_sub->add_flag("--worker", pipeline_is_worker)->group("");
   pipeline_sub->add_option("--layout", pipeline_worker.layout)->group("");

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "bench_report.h"
 #include "kolo/core/errors.h"
@@ -121,6 +122,7 @@ int run_pipeline_bench(const PipelineBenchOptions& options) {
                     "measured - theory", "samples/s",
                     "step ms",           "peak activations MiB (largest stage)"};
   std::map<std::pair<std::string, int>, double> best_pp2;  // (schedule, m) -> samples/s at p = 2
+  std::map<std::tuple<int, std::string, int>, double> kolo_sps;  // (p, schedule, m) -> samples/s
   for (int p : options.stages) {
     const std::vector<nlohmann::json> rows =
         runner.run(p, "pp", model, options.schedules, options.micro_batches, 0);
@@ -141,6 +143,7 @@ int run_pipeline_bench(const PipelineBenchOptions& options) {
       const double sps = samples_per_sec(stages);
       const double activations = most(stages, "peak_activation_bytes");
       if (p == 2) best_pp2[key] = sps;
+      kolo_sps[{p, schedule, m}] = sps;
       bubble.add_row({schedule, std::to_string(p), std::to_string(m), format_fixed(mean, 3),
                       per_stage, format_fixed(theory, 3),
                       (mean >= theory ? "+" : "") + format_fixed(100 * (mean - theory), 1) + " pts",
@@ -195,6 +198,84 @@ int run_pipeline_bench(const PipelineBenchOptions& options) {
         if (key.first == schedule && sps > best.second) best = {key.second, sps};
       }
       if (best.first > 0) add("pp=2 (best m)", 2, schedule, best.first, best.second);
+    }
+  }
+
+  Report peer;
+  peer.title =
+      "Against PyTorch's torch.distributed.pipelining (the same model, stages and "
+      "micro-batches; gloo, under torchrun)";
+  peer.columns = {"schedule",       "stages",          "micro-batches",
+                  "kolo samples/s", "torch samples/s", "kolo / torch"};
+  if (options.compare_torch) {
+    const std::string python = options.python.empty() ? kBenchPython : options.python;
+    const bool torch_runs =
+        torchrun_works(python) && python_runs(python, "import torch.distributed.pipelining");
+    if (!torch_runs) {
+      peer.notes.push_back("not measured: " + python +
+                           " has no torch.distributed.pipelining with a torchrun that starts "
+                           "workers (torch >= 2.4 is needed; pass --python)");
+    }
+    for (int p : options.stages) {
+      if (!torch_runs) break;
+      std::ostringstream command;
+      command << "timeout " << options.config_timeout_s;
+      for (const std::string& word : torchrun_argv(python, p)) command << " '" << word << "'";
+      command << " '" << kBenchSourceDir << "/pipeline_worker_torch.py' --schedules "
+              << joined(options.schedules) << " --micro-batches " << joined(options.micro_batches)
+              << " --blocks " << model.blocks << " --hidden " << model.hidden << " --ffn "
+              << model.ffn << " --batch " << model.batch << " --steps " << model.steps
+              << " --warmup-steps " << model.warmup_steps << " --threads " << model.threads;
+      std::cerr << "kolo-bench pipeline: torch.distributed.pipelining on " << p << " rank(s)\n";
+      const auto [out, status] = run_command(command.str(), kMode);
+      const std::vector<nlohmann::json> rows = json_rows(out, "step_seconds");
+      const size_t expected =
+          static_cast<size_t>(p) * options.schedules.size() * options.micro_batches.size();
+      if (status != 0 || rows.size() != expected) {
+        std::cerr << "kolo-bench pipeline: torch.distributed.pipelining on " << p
+                  << " rank(s) failed (exit status " << status << ", " << rows.size() << " of "
+                  << expected << " rows):\n"
+                  << out;
+        peer.notes.push_back("torch.distributed.pipelining on " + std::to_string(p) +
+                             " ranks failed (exit status " + std::to_string(status) +
+                             "; its output is on stderr)");
+        runner.failed = true;
+        continue;
+      }
+      for (const auto& [key, ranks] : by_config(rows)) {
+        const auto& [schedule, m] = key;
+        auto mine = kolo_sps.find({p, schedule, m});
+        const double kolo = mine == kolo_sps.end() ? 0.0 : mine->second;
+        if (ranks.front().contains("unsupported")) {
+          const std::string why = ranks.front().at("unsupported");
+          peer.add_row({schedule, std::to_string(p), std::to_string(m), format_fixed(kolo, 1),
+                        "not supported", "-"},
+                       {{"table", "torch"},
+                        {"schedule", schedule},
+                        {"stages", p},
+                        {"micro_batches", m},
+                        {"kolo_samples_per_sec", kolo},
+                        {"torch_unsupported", why}});
+          peer.notes.push_back("torch " + schedule + " m=" + std::to_string(m) + ": " + why);
+          continue;
+        }
+        const double torch_sps = samples_per_sec(ranks);
+        const double ratio = torch_sps > 0 ? kolo / torch_sps : 0.0;
+        peer.add_row({schedule, std::to_string(p), std::to_string(m), format_fixed(kolo, 1),
+                      format_fixed(torch_sps, 1), format_fixed(ratio, 2) + "x"},
+                     {{"table", "torch"},
+                      {"schedule", schedule},
+                      {"stages", p},
+                      {"micro_batches", m},
+                      {"kolo_samples_per_sec", kolo},
+                      {"torch_samples_per_sec", torch_sps},
+                      {"kolo_over_torch", ratio}});
+        if (schedule == "1f1b" && kolo > 0) {
+          peer.notes.push_back("target (1F1B >= 1.0x torch's, " + std::to_string(p) +
+                               " stages, m=" + std::to_string(m) + "): " + format_fixed(ratio, 2) +
+                               "x: " + (ratio >= 1.0 ? "met" : "NOT met"));
+        }
+      }
     }
   }
 
@@ -260,6 +341,7 @@ int run_pipeline_bench(const PipelineBenchOptions& options) {
 
   std::vector<const Report*> reports = {&bubble};
   if (options.compare_dp) reports.push_back(&throughput);
+  if (options.compare_torch) reports.push_back(&peer);
   if (options.memory_limit_mib > 0) reports.push_back(&memory);
   if (options.json) {
     for (const Report* r : reports) {
@@ -271,7 +353,7 @@ int run_pipeline_bench(const PipelineBenchOptions& options) {
   if (!options.docs_path.empty()) {
     std::string body = "Command: `" + options.command_line +
                        "` (a plain process: every configuration runs in fresh workers started "
-                       "through kolorun, one rank per stage)\n";
+                       "through kolorun, PyTorch's through torchrun, one rank per stage)\n";
     for (const Report* r : reports) body += "\n**" + r->title + "**\n\n" + r->markdown();
     for (const std::string& path : options.docs_path) {
       write_docs_section(path, "pipeline", body);

@@ -24,6 +24,12 @@
 //    training the first time its accounting exceeds the limit; the row says
 //    whether each layout fits, with the peak of the largest rank.
 //
+// 3. Against PyTorch (--no-torch leaves it out): the bubble model's
+//    configurations on PyTorch's own schedules (torch.distributed.pipelining's
+//    ScheduleGPipe and Schedule1F1B, gloo, one rank per stage, started by the
+//    real torchrun of --python: bench/pipeline_worker_torch.py), samples/sec
+//    of each beside kolo's at the same stages and micro-batches.
+//
 // The driver is a plain process. Every configuration runs in fresh worker
 // processes under kolorun (`kolo-bench pipeline --worker ...`), one rank per
 // stage, 1 torch thread each, so the stages really run in parallel on
@@ -52,7 +58,9 @@ struct PipelineBenchOptions {
   std::vector<std::string> schedules = {"gpipe", "1f1b"};
   std::vector<int> stages = {2};
   std::vector<int> micro_batches = {1, 2, 4, 8, 16};
-  bool compare_dp = true;  // the throughput table (1 rank, dp = 2)
+  bool compare_dp = true;     // the throughput table (1 rank, dp = 2)
+  bool compare_torch = true;  // the table against torch.distributed.pipelining
+  std::string python;         // its interpreter; "" = the build's (KOLO_PYTHON)
   // Memory table; 0 = skip it.
   int64_t memory_limit_mib = 320;
   PipelineModelOptions memory_model{4, 1024, 4096, 32, 2, 1, 1};

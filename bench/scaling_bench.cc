@@ -199,16 +199,6 @@ double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
-// Whether `python` (with PYTHONPATH=`python_path` when given) imports `module`.
-bool python_imports(const std::string& python, const std::string& module,
-                    const std::string& python_path = "") {
-  // From "/": the repository's torch/ directory would shadow the package.
-  const std::string env = python_path.empty() ? "" : "PYTHONPATH='" + python_path + "' ";
-  const std::string check =
-      "cd / && " + env + "'" + python + "' -c 'import " + module + "' >/dev/null 2>&1";
-  return std::system(check.c_str()) == 0;
-}
-
 int free_port() {
   // A port from the ephemeral range chosen by pid and time; collisions on a
   // loopback-only machine are unlikely and fail loudly (the row is marked).
@@ -240,9 +230,14 @@ class Driver {
       return std::find(options_.systems.begin(), options_.systems.end(), system) !=
              options_.systems.end();
     };
-    const bool have_python = python_imports(options_.python, "torch.distributed");
+    const bool have_python = python_runs(options_.python, "import torch.distributed");
     const bool have_kolo_python =
-        have_python && python_imports(options_.python, "kolo.torch", python_path_);
+        have_python && python_runs(options_.python, "import kolo.torch", python_path_);
+    use_torchrun_ = have_python && torchrun_works(options_.python);
+    if (have_python && !use_torchrun_ && wanted("pytorch_ddp"))
+      notes->push_back("pytorch_ddp: " + options_.python +
+                       "'s torchrun needs torch >= 2.4; its ranks were started by hand with "
+                       "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT");
     if (!have_python && wanted("pytorch_ddp"))
       notes->push_back(
           "pytorch_ddp: not measured (" + options_.python +
@@ -374,8 +369,42 @@ class Driver {
         c.env.emplace_back("PYTHONPATH", python_path_);
         commands.push_back(c);
       }
+      // DDP's ranks: the real torchrun, as a PyTorch user starts them (one
+      // per host across hosts, a static rendezvous at the first host), or
+      // by hand where the interpreter's torchrun is too old.
       const std::string port = std::to_string(free_port());
-      for (int r = 0; !kolo && r < config.workers; ++r) {
+      if (!kolo && use_torchrun_) {
+        const int hosts = config.across ? static_cast<int>(options_.hosts.size()) : 1;
+        for (int h = 0; h < hosts; ++h) {
+          std::vector<std::string> run = torchrun_argv(options_.python, config.workers);
+          if (config.across) {
+            run = {options_.python,
+                   "-m",
+                   "torch.distributed.run",
+                   "--nnodes",
+                   std::to_string(hosts),
+                   "--node-rank",
+                   std::to_string(h),
+                   "--master-addr",
+                   options_.hosts[0],
+                   "--master-port",
+                   port,
+                   "--nproc-per-node",
+                   std::to_string(per_host)};
+          }
+          run.insert(run.end(), python_args.begin() + 1, python_args.end());  // without python
+          if (!config.across) {
+            commands.push_back({run, thread_env});
+            continue;
+          }
+          Command c{split_words(options_.ssh_command), {}};
+          c.argv.insert(c.argv.end(), {options_.hosts[h], "env"});
+          for (const auto& [name, value] : thread_env) c.argv.push_back(name + "=" + value);
+          c.argv.insert(c.argv.end(), run.begin(), run.end());
+          commands.push_back(c);
+        }
+      }
+      for (int r = 0; !kolo && !use_torchrun_ && r < config.workers; ++r) {
         std::vector<std::pair<std::string, std::string>> env = thread_env;
         env.insert(env.end(), {{"RANK", std::to_string(r)},
                                {"WORLD_SIZE", std::to_string(config.workers)},
@@ -454,6 +483,7 @@ class Driver {
   std::string kolorun_;
   std::string python_worker_;
   std::string python_path_;
+  bool use_torchrun_ = false;  // pytorch_ddp's ranks through the interpreter's torchrun
   std::string scratch_;
 };
 

@@ -39,7 +39,9 @@
 //   c10d_gloo          N processes, c10d ProcessGroupGloo (libtorch_cpu), FileStore
 //                      rendezvous, allreduce of every gradient after backward()
 //   pytorch_ddp        N Python processes, DistributedDataParallel (gloo), from
-//                      bench/scaling_worker.py; only when python3 can import torch
+//                      bench/scaling_worker.py, started by the interpreter's real
+//                      torchrun (one per host across hosts; by hand for torch < 2.4);
+//                      only when --python can import torch
 //   kolo_fp16          kolo with fp16 gradient compression
 //                      (DistributedOptimizerOptions::compression); not by default
 //

@@ -11,13 +11,12 @@ prints one JSON line per rank: {"rank", "world", "threads", "batch",
                   kolorun (the `kolo_python` rows), written as a Horovod
                   user writes it
 
-The driver starts DDP's ranks by hand (Debian's torchrun 1.13 fails on
-Python 3.11, AttributeError inside the elastic agent):
+The driver starts DDP's ranks with the interpreter's real torchrun (torch
+>= 2.4; by hand with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for an
+older one, whose agent fails under Python 3.11):
 
-  RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
-      python3 bench/scaling_worker.py --model cnn &
-  RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
-      python3 bench/scaling_worker.py --model cnn
+  .venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 \
+      bench/scaling_worker.py --model cnn
 
 and kolo's by kolorun:
 

@@ -2,6 +2,7 @@
 #include "worker_runs.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 
@@ -33,6 +34,31 @@ std::pair<std::string, int> run_command(const std::string& command, const std::s
   while ((got = fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, got);
   const int status = pclose(pipe);
   return {out, status};
+}
+
+bool python_runs(const std::string& python, const std::string& code,
+                 const std::string& python_path) {
+  std::string quoted = "'";
+  for (char c : code) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  quoted += "'";
+  const std::string env = python_path.empty() ? "" : "PYTHONPATH='" + python_path + "' ";
+  const std::string check = "cd / && " + env + "'" + python + "' -c " + quoted + " >/dev/null 2>&1";
+  return std::system(check.c_str()) == 0;
+}
+
+bool torchrun_works(const std::string& python) {
+  return python_runs(python,
+                     "import sys, torch.distributed.run, torch; "
+                     "sys.exit(tuple(int(p) for p in torch.__version__.split('.')[:2]) < (2, 4))");
+}
+
+std::vector<std::string> torchrun_argv(const std::string& python, int nproc) {
+  return {python,
+          "-m",
+          "torch.distributed.run",
+          "--standalone",
+          "--nproc-per-node",
+          std::to_string(nproc)};
 }
 
 std::vector<nlohmann::json> json_rows(const std::string& out, const std::string& key) {

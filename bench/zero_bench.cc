@@ -25,7 +25,7 @@ using Configs = std::map<std::pair<std::string, int>, nlohmann::json>;
 
 double field(const nlohmann::json& row, const char* key) { return row.at(key).get<double>(); }
 
-// The targets, evaluated on the measured rows: one table row per
+// The targets, evaluated on the measured rows: one table row per
 // target and world size (memory at every N >= 2, step time at N = 2).
 Report targets_report(const Configs& by_config, const std::vector<int>& workers) {
   Report t;
@@ -82,7 +82,7 @@ Report targets_report(const Configs& by_config, const std::vector<int>& workers)
     std::string measured;
     bool falls = true;
     double previous = 0;
-    for (const char* mode : {"ddp", "1", "2", "3"}) {
+    for (const char* mode : {"ddp", "1", "2", "3"}) {  // kolo's own (FSDP2 is the peer)
       const nlohmann::json* row = find(mode, n);
       if (row == nullptr) continue;
       const double rss = field(*row, "peak_rss_bytes");
@@ -94,6 +94,26 @@ Report targets_report(const Configs& by_config, const std::vector<int>& workers)
       previous = rss;
     }
     add("peak RSS per rank falls: ddp > stage 1 > stage 2 > stage 3 (MiB)", n, measured, falls);
+    // Stage 3 against FSDP2 at the same worker count: step time, and the
+    // memory each holds (after the step; peak RSS above the start).
+    const nlohmann::json* s3 = find("3", n);
+    const nlohmann::json* fsdp2 = find("fsdp2", n);
+    if (s3 != nullptr && fsdp2 != nullptr) {
+      const double time = field(*s3, "step_ms") / field(*fsdp2, "step_ms");
+      add("stage 3: step time <= FSDP2's", n, format_fixed(time, 2) + "x FSDP2's", time <= 1.0);
+      auto held = [&](const nlohmann::json& r) {
+        return field(r, "param_bytes") + field(r, "grad_bytes") + field(r, "optimizer_state_bytes");
+      };
+      add("stage 3: parameters + gradients + Adam state held <= FSDP2's (MiB)", n,
+          mib(static_cast<int64_t>(held(*s3))) + " vs " + mib(static_cast<int64_t>(held(*fsdp2))),
+          held(*s3) <= held(*fsdp2) * 1.001);
+      auto grown = [&](const nlohmann::json& r) {
+        return field(r, "peak_rss_bytes") - field(r, "start_rss_bytes");
+      };
+      add("stage 3: peak RSS above start <= FSDP2's (MiB)", n,
+          mib(static_cast<int64_t>(grown(*s3))) + " vs " + mib(static_cast<int64_t>(grown(*fsdp2))),
+          grown(*s3) <= grown(*fsdp2));
+    }
     if (n != 2) continue;
     for (const char* mode : {"1", "2", "3"}) {
       const nlohmann::json* row = find(mode, n);
@@ -129,7 +149,8 @@ int run_zero_bench(const ZeroBenchOptions& options) {
                  " per worker, 1 thread per worker";
   report.columns = {"mode",           "workers",        "params MiB",
                     "grads MiB",      "Adam state MiB", "peak params MiB",
-                    "peak total MiB", "peak RSS MiB",   "step ms"};
+                    "peak total MiB", "peak RSS MiB",   "RSS above start MiB",
+                    "step ms"};
   Configs by_config;
   bool failed = false;
   // Configurations: each mode, and stage 3 once more without prefetch
@@ -139,16 +160,39 @@ int run_zero_bench(const ZeroBenchOptions& options) {
     configs.push_back(mode);
     if (mode == "3") configs.push_back(kStage3NoPrefetch);
   }
+  // FSDP2 runs where --python has torch >= 2.6 (fully_shard in
+  // torch.distributed.fsdp) and a torchrun that starts workers.
+  const std::string python = options.python.empty() ? kBenchPython : options.python;
+  const bool want_fsdp2 =
+      std::find(options.modes.begin(), options.modes.end(), "fsdp2") != options.modes.end();
+  const bool fsdp2_runs = want_fsdp2 && torchrun_works(python) &&
+                          python_runs(python, "from torch.distributed.fsdp import fully_shard");
+  if (want_fsdp2 && !fsdp2_runs) {
+    report.notes.push_back("fsdp2: not measured (" + python +
+                           " has no torch.distributed.fsdp.fully_shard with a torchrun that "
+                           "starts workers: torch >= 2.6 is needed; pass --python)");
+  }
   for (int workers : options.workers) {
     for (const std::string& config : configs) {
       const bool no_prefetch = config == kStage3NoPrefetch;
       const std::string mode = no_prefetch ? "3" : config;
+      const std::string model_args = " --layers " + std::to_string(options.layers) + " --width " +
+                                     std::to_string(options.width) + " --batch " +
+                                     std::to_string(options.batch) + " --steps " +
+                                     std::to_string(options.steps) + " --warmup-steps " +
+                                     std::to_string(options.warmup_steps);
       std::ostringstream command;
-      command << "'" << kolorun << "' -np " << workers << " --job-timeout "
-              << options.config_timeout_s << " '" << self << "' zero --worker --mode " << mode
-              << " --layers " << options.layers << " --width " << options.width << " --batch "
-              << options.batch << " --steps " << options.steps << " --warmup-steps "
-              << options.warmup_steps << (no_prefetch ? " --no-prefetch" : "");
+      if (mode == "fsdp2") {
+        if (!fsdp2_runs) continue;  // said in the notes
+        command << "timeout " << options.config_timeout_s;
+        for (const std::string& word : torchrun_argv(python, workers))
+          command << " '" << word << "'";
+        command << " '" << kBenchSourceDir << "/zero_worker_fsdp2.py'" << model_args;
+      } else {
+        command << "'" << kolorun << "' -np " << workers << " --job-timeout "
+                << options.config_timeout_s << " '" << self << "' zero --worker --mode " << mode
+                << model_args << (no_prefetch ? " --no-prefetch" : "");
+      }
       std::cerr << "kolo-bench zero: mode " << config << ", " << workers << " worker(s)\n";
       const auto [out, status] = run_command(command.str(), "zero");
       const std::vector<nlohmann::json> rows = json_rows(out, "peak_rss_bytes");
@@ -162,9 +206,9 @@ int run_zero_bench(const ZeroBenchOptions& options) {
       // The largest value over the ranks (slices differ by one element).
       nlohmann::json row = {{"mode", mode}, {"world_size", workers}};
       if (mode == "3") row["prefetch"] = !no_prefetch;
-      for (const char* key :
-           {"param_bytes", "grad_bytes", "optimizer_state_bytes", "peak_param_bytes",
-            "peak_grad_bytes", "peak_total_bytes", "peak_rss_bytes", "largest_unit_bytes"}) {
+      for (const char* key : {"param_bytes", "grad_bytes", "optimizer_state_bytes",
+                              "peak_param_bytes", "peak_grad_bytes", "peak_total_bytes",
+                              "peak_rss_bytes", "largest_unit_bytes", "start_rss_bytes"}) {
         int64_t most = 0;
         for (const auto& r : rows) most = std::max(most, r.at(key).get<int64_t>());
         row[key] = most;
@@ -174,10 +218,14 @@ int run_zero_bench(const ZeroBenchOptions& options) {
       row["step_ms"] = step_ms;
       by_config[{config, workers}] = row;
       report.add_row(
-          {mode == "ddp" ? "ddp" : "stage " + mode + (no_prefetch ? ", no prefetch" : ""),
+          {mode == "ddp" || mode == "fsdp2"
+               ? (mode == "ddp" ? "ddp" : "FSDP2 (PyTorch)")
+               : "stage " + mode + (no_prefetch ? ", no prefetch" : ""),
            std::to_string(workers), mib(row["param_bytes"]), mib(row["grad_bytes"]),
            mib(row["optimizer_state_bytes"]), mib(row["peak_param_bytes"]),
-           mib(row["peak_total_bytes"]), mib(row["peak_rss_bytes"]), format_fixed(step_ms, 0)},
+           mib(row["peak_total_bytes"]), mib(row["peak_rss_bytes"]),
+           mib(row["peak_rss_bytes"].get<int64_t>() - row["start_rss_bytes"].get<int64_t>()),
+           format_fixed(step_ms, 0)},
           row);
     }
   }
@@ -186,7 +234,7 @@ int run_zero_bench(const ZeroBenchOptions& options) {
   for (const auto& [key, row] : by_config) {
     const auto& [mode, workers] = key;
     auto ddp = by_config.find({"ddp", workers});
-    if (mode == "ddp" || ddp == by_config.end()) continue;
+    if (mode == "ddp" || mode == "fsdp2" || ddp == by_config.end()) continue;
     auto ratio = [&](const char* field) {
       return row.at(field).get<double>() / ddp->second.at(field).get<double>();
     };
@@ -217,7 +265,7 @@ int run_zero_bench(const ZeroBenchOptions& options) {
   if (!options.docs_path.empty()) {
     std::string body = "Command: `" + options.command_line +
                        "` (a plain process: every configuration runs in fresh workers started "
-                       "through kolorun)\n\n**" +
+                       "through kolorun, FSDP2's through torchrun)\n\n**" +
                        report.title + "**\n\n" + report.markdown() + "\n**" + targets.title +
                        "**\n\n" + targets.markdown() + "\n";
     write_docs_section(options.docs_path, "zero", body);

@@ -13,11 +13,18 @@
 // after the last step (ZeroOptimizer::memory(); for ddp counted from the
 // model's tensors and the optimizer's state the same way), the accounting's
 // peaks, VmHWM and the mean step time. The driver keeps, per configuration,
-// the largest value over the ranks, and evaluates the targets on the
+// the largest value over the ranks, and evaluates the targets on the
 // rows (a second table: 1/N state and gradients, stage 3's peak parameters
 // against 1/N + the largest unit, peak RSS falling, step time at 2 workers).
 // Stage 3 runs twice: with prefetch (the default, which holds the next unit
-// while one runs) and without (the bound of one unit applies there).
+// while one runs) and without (the bound of one unit applies there).
+//
+// The peer, mode `fsdp2`: PyTorch's FSDP2 (torch.distributed.fsdp.fully_shard,
+// gloo) on the same model, data and loop, each Linear one unit, started by
+// the real torchrun of --python (bench/zero_worker_fsdp2.py); its rows carry
+// the same fields. Against it: stage 3's step time and its memory (the bytes
+// held after the step, and peak RSS above the resident set before the model
+// was built, which leaves out each runtime's own start-up memory).
 #pragma once
 
 #include <string>
@@ -26,7 +33,7 @@
 namespace kolo::bench {
 
 struct ZeroBenchOptions {
-  std::vector<std::string> modes = {"ddp", "1", "2", "3"};
+  std::vector<std::string> modes = {"ddp", "1", "2", "3", "fsdp2"};
   std::vector<int> workers = {1, 2, 4};
   int layers = 6;
   int width = 4096;
@@ -37,6 +44,7 @@ struct ZeroBenchOptions {
   bool json = false;
   std::string docs_path;
   std::string kolorun;  // "" = <build>/launcher/kolorun next to this binary's directory
+  std::string python;   // fsdp2's interpreter; "" = the build's (KOLO_PYTHON)
   std::string command_line;
 };
 

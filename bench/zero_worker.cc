@@ -25,11 +25,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// VmHWM of /proc/self/status: the peak resident set of this process, bytes.
-int64_t peak_rss_bytes() {
+// A field of /proc/self/status in bytes: VmHWM (the peak resident set of
+// this process) or VmRSS (the resident set now); -1 when absent.
+int64_t status_bytes(const std::string& field) {
   std::ifstream status("/proc/self/status");
   for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // kB
+    if (line.rfind(field + ":", 0) == 0)
+      return std::stoll(line.substr(field.size() + 1)) * 1024;  // kB
   }
   return -1;
 }
@@ -52,6 +54,7 @@ int run_zero_worker(const ZeroWorkerOptions& options) {
     stage = std::stoi(options.mode);
   }
   kolo::init();
+  const int64_t start_rss = status_bytes("VmRSS");  // before the model: the runtime's own
   // Every rank builds the same parameters from the same seed (no broadcast
   // of 400 MB needed).
   torch::manual_seed(42);
@@ -132,7 +135,8 @@ int run_zero_worker(const ZeroWorkerOptions& options) {
     largest_unit = std::max(largest_unit, unit);
   }
   row["largest_unit_bytes"] = largest_unit;
-  row["peak_rss_bytes"] = peak_rss_bytes();
+  row["peak_rss_bytes"] = status_bytes("VmHWM");
+  row["start_rss_bytes"] = start_rss;
   std::printf("%s\n", row.dump().c_str());
   std::fflush(stdout);
   distributed.reset();

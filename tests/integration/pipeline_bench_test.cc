@@ -1,6 +1,6 @@
 // `kolo-bench pipeline` end to end at tiny sizes: the driver starts its
 // workers under kolorun for every layout and prints its tables; the JSON rows
-// carry the fields. Nothing about speed is asserted (the bench's
+// carry the bench's fields. Nothing about speed is asserted (the bench's
 // numbers are measurements, not test results); the memory verdicts are the
 // bench's own accounting of tensor bytes, which do not depend on timing.
 #include <gtest/gtest.h>
@@ -44,6 +44,7 @@ TEST(PipelineBench, JsonRowsCoverEverySchedulePartAndLayout) {
   std::set<std::pair<std::string, int>> bubble;
   std::set<std::string> throughput;
   std::map<std::string, bool> fits;
+  std::set<std::pair<std::string, int>> against_torch;
   std::istringstream lines(out);
   for (std::string line; std::getline(lines, line);) {
     const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
@@ -67,6 +68,18 @@ TEST(PipelineBench, JsonRowsCoverEverySchedulePartAndLayout) {
                         row.at("schedule").get<std::string>());
     } else if (table == "memory") {
       fits[row.at("layout")] = row.at("fits");
+    } else if (table == "torch") {
+      // PyTorch's own schedules on the same configuration, under torchrun.
+      EXPECT_EQ(row.at("stages"), 2);
+      EXPECT_GT(row.at("kolo_samples_per_sec").get<double>(), 0.0) << line;
+      if (row.contains("torch_unsupported")) {
+        // PyTorch's 1F1B refuses fewer micro-batches than stages.
+        EXPECT_EQ(row.at("schedule"), "1f1b") << line;
+        EXPECT_LT(row.at("micro_batches").get<int>(), 2) << line;
+      } else {
+        EXPECT_GT(row.at("torch_samples_per_sec").get<double>(), 0.0) << line;
+      }
+      against_torch.insert({row.at("schedule"), row.at("micro_batches")});
     } else {
       ADD_FAILURE() << "unknown table: " << line;
     }
@@ -77,18 +90,21 @@ TEST(PipelineBench, JsonRowsCoverEverySchedulePartAndLayout) {
                                                "pp=2 (best m)/gpipe", "pp=2 (best m)/1f1b"}));
   EXPECT_EQ(fits, (std::map<std::string, bool>{{"unsplit", false}, {"pp=2", true}, {"tp=2", true}}))
       << out;
+  // The build's interpreter (KOLO_PYTHON, torch >= 2.4 from scripts/setup.sh)
+  // runs torch.distributed.pipelining; its rows match kolo's configurations.
+  EXPECT_EQ(against_torch, bubble) << out;
 }
 
 TEST(PipelineBench, PrintsItsTable) {
   if (!built()) GTEST_SKIP() << "kolo-bench has no pipeline mode (kolo_torch needs libtorch-dev)";
   const auto [out, status] = run_shell("timeout 300 '" + bench_path() + "' pipeline" + kTiny +
-                                       " --schedules 1f1b --micro-batches 8 --no-dp "
+                                       " --schedules 1f1b --micro-batches 8 --no-dp --no-torch "
                                        "--memory-limit-mib 0 2>&1");
   ASSERT_EQ(status, 0) << out;
   EXPECT_NE(out.find("Pipeline bubble: 2 MLP blocks"), std::string::npos) << out;
   EXPECT_NE(out.find("bubble per stage"), std::string::npos) << out;
   EXPECT_NE(out.find("theory"), std::string::npos) << out;
-  // The target is evaluated (met or not) on the m >= 4p rows.
+  // The target is evaluated (met or not) on the m >= 4p rows.
   EXPECT_NE(out.find("target (2 stages, m >= 4p): 1f1b m=8"), std::string::npos) << out;
   EXPECT_EQ(out.find("Memory per rank"), std::string::npos) << out;
 }
