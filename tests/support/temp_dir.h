@@ -24,4 +24,10 @@ class TempDir {
   std::string path_;
 };
 
+// The one file in `dir` whose name starts with `prefix` and ends with
+// `suffix` (a sharded checkpoint's "shard-1-of-2-<save id>.kolo"), as a
+// path; "" when there is none or more than one.
+std::string only_file_like(const std::string& dir, const std::string& prefix,
+                           const std::string& suffix = ".kolo");
+
 }  // namespace kolo::testing

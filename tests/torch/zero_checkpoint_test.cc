@@ -1,7 +1,8 @@
 // Sharded ZeRO checkpoints: a run saved at 4 workers resumes at 2 (sharded)
 // and at 1 (after consolidation) with the same losses as the uninterrupted
 // run, also across stages; a missing or corrupt shard is an error on every
-// rank naming the file and the rank.
+// rank naming the file and the rank; a save that fails on one rank leaves
+// the last complete save in place.
 //
 // Losses are compared with rtol 1e-5 (float32; the world sizes sum the
 // gradients in different orders).
@@ -9,12 +10,14 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
 #include "kolo/core/checked_file.h"
 #include "kolo/torch/zero.h"
 #include "optimizer_harness.h"
+#include "temp_dir.h"
 #include "torch_harness.h"
 #include "zero_harness.h"
 
@@ -38,10 +41,15 @@ std::string temp_dir(const std::string& name) {
 // Trains steps [first, last) at `world` workers; rank 0's record of the loss
 // of the whole step batch before each update (every rank computes it, so
 // that stage 3's gathers stay collective). Loads `load_dir` first and saves
-// into `save_dir` after the last step, when given.
+// into `save_dir` after the last step, when given. With `save_errors`, each
+// rank's save error is kept there instead of failing the test, and rank
+// `failing_rank` saves where no file can be written (a path through the
+// index file: what a full or broken disk on one host looks like to it).
 std::vector<double> train(const zt::ZeroNet& initial, const std::vector<zt::Batch>& batches,
                           int world, int stage, int first, int last, const std::string& load_dir,
-                          const std::string& save_dir) {
+                          const std::string& save_dir,
+                          std::vector<std::string>* save_errors = nullptr, int failing_rank = -1) {
+  if (save_errors != nullptr) save_errors->assign(world, "");
   std::vector<double> losses;
   std::vector<std::shared_ptr<zt::ZeroNet>> models;
   for (int r = 0; r < world; ++r) models.push_back(zt::copy_of(initial));
@@ -69,7 +77,12 @@ std::vector<double> train(const zt::ZeroNet& initial, const std::vector<zt::Batc
       CheckpointState state;
       state.step = last;
       state.extras["note"] = "resume me";
-      save_zero_checkpoint(save_dir, zero, state);
+      const std::string dir = rank == failing_rank ? save_dir + "/index.kolo/unwritable" : save_dir;
+      if (save_errors == nullptr) {
+        save_zero_checkpoint(dir, zero, state);
+      } else {
+        (*save_errors)[rank] = testing::error_of([&] { save_zero_checkpoint(dir, zero, state); });
+      }
     }
     optimizer_testing::finish(engine);
   });
@@ -103,7 +116,7 @@ TEST_F(ZeroCheckpoint, SavedAtFourResumesAtTwoAndConsolidatedAtOne) {
     const auto before = train(initial_, batches_, 4, stage, 0, kSaveAfter, "", dir);
     expect_same_losses(before, {uninterrupted.begin(), uninterrupted.begin() + kSaveAfter}, what);
     for (int r = 0; r < 4; ++r) {
-      EXPECT_TRUE(std::filesystem::exists(dir + "/shard-" + std::to_string(r) + "-of-4.kolo"));
+      EXPECT_NE(testing::only_file_like(dir, "shard-" + std::to_string(r) + "-of-4-"), "");
     }
     const std::vector<double> rest(uninterrupted.begin() + kSaveAfter, uninterrupted.end());
     // Two workers, the same stage and another one.
@@ -114,7 +127,7 @@ TEST_F(ZeroCheckpoint, SavedAtFourResumesAtTwoAndConsolidatedAtOne) {
     // Consolidated: one shard with everything, resumed by one worker.
     const std::string full = temp_dir("full-" + std::to_string(stage));
     consolidate_zero_checkpoint(dir, full);
-    EXPECT_TRUE(std::filesystem::exists(full + "/shard-0-of-1.kolo"));
+    EXPECT_NE(testing::only_file_like(full, "shard-0-of-1-"), "");
     expect_same_losses(train(initial_, batches_, 1, stage, kSaveAfter, kSteps, full, ""), rest,
                        what + ", consolidated, resumed at 1 worker");
     // The consolidated parameters in a plain model equal the sharded ones.
@@ -144,7 +157,10 @@ std::vector<std::string> load_errors(const zt::ZeroNet& initial, const std::stri
 TEST_F(ZeroCheckpoint, MissingOrCorruptShardNamesTheFileAndTheRank) {
   const std::string dir = temp_dir("broken");
   train(initial_, batches_, 2, 2, 0, 1, "", dir);
-  const std::string shard1 = dir + "/shard-1-of-2.kolo";
+  const std::string shard1 = testing::only_file_like(dir, "shard-1-of-2-");
+  const std::string shard0 = testing::only_file_like(dir, "shard-0-of-2-");
+  ASSERT_NE(shard1, "");
+  ASSERT_NE(shard0, "");
   {
     // Flip one byte of the payload.
     std::fstream f(shard1, std::ios::in | std::ios::out | std::ios::binary);
@@ -160,10 +176,10 @@ TEST_F(ZeroCheckpoint, MissingOrCorruptShardNamesTheFileAndTheRank) {
     EXPECT_NE(error.find(shard1), std::string::npos) << error;
     EXPECT_NE(error.find("checksum"), std::string::npos) << error;
   }
-  std::filesystem::remove(dir + "/shard-0-of-2.kolo");
+  std::filesystem::remove(shard0);
   for (const std::string& error : load_errors(initial_, dir, 1)) {
     EXPECT_NE(error.find("shard of rank 0 of 2"), std::string::npos) << error;
-    EXPECT_NE(error.find(dir + "/shard-0-of-2.kolo"), std::string::npos) << error;
+    EXPECT_NE(error.find(shard0), std::string::npos) << error;
     EXPECT_NE(error.find("does not exist"), std::string::npos) << error;
   }
   std::filesystem::remove_all(dir);
@@ -178,11 +194,14 @@ TEST_F(ZeroCheckpoint, AMixOfTwoSavesIsAnErrorNamingTheFiles) {
   const std::string second = temp_dir("save-b");
   train(initial_, batches_, 2, 2, 0, 1, "", first);
   train(initial_, batches_, 2, 2, 0, 2, "", second);
-  std::filesystem::copy_file(second + "/shard-1-of-2.kolo", first + "/shard-1-of-2.kolo",
+  // The first save's index names its own shard 1: that file now holds the
+  // second save's bytes.
+  const std::string first_shard1 = testing::only_file_like(first, "shard-1-of-2-");
+  ASSERT_NE(first_shard1, "");
+  std::filesystem::copy_file(testing::only_file_like(second, "shard-1-of-2-"), first_shard1,
                              std::filesystem::copy_options::overwrite_existing);
   for (const std::string& error : load_errors(initial_, first, 2)) {
-    EXPECT_NE(error.find("'" + first + "/shard-1-of-2.kolo': belongs to save "), std::string::npos)
-        << error;
+    EXPECT_NE(error.find("'" + first_shard1 + "': belongs to save "), std::string::npos) << error;
     EXPECT_NE(error.find("the index '" + first + "/index.kolo' to save "), std::string::npos)
         << error;
     EXPECT_NE(error.find("mixes files of two saves"), std::string::npos) << error;
@@ -191,6 +210,61 @@ TEST_F(ZeroCheckpoint, AMixOfTwoSavesIsAnErrorNamingTheFiles) {
   for (const std::string& error : load_errors(initial_, second, 2)) EXPECT_EQ(error, "");
   std::filesystem::remove_all(first);
   std::filesystem::remove_all(second);
+}
+
+std::vector<std::string> listing(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// A save that fails on one rank (its disk full) must not cost the last
+// complete save: every rank gets the error, the directory holds exactly the
+// files it held before, and training resumes from it as if the failed save
+// had never been tried. Before, the ranks whose writes succeeded had renamed
+// their new shards over the old ones, and no complete save remained.
+TEST_F(ZeroCheckpoint, ASaveThatFailsOnOneRankKeepsTheLastCompleteSave) {
+  for (int stage : {1, 3}) {
+    const std::string what = "stage " + std::to_string(stage);
+    const auto uninterrupted = train(initial_, batches_, 2, stage, 0, kSteps, "", "");
+    const std::string dir = temp_dir("failed-save-" + std::to_string(stage));
+    train(initial_, batches_, 2, stage, 0, kSaveAfter, "", dir);
+    const std::vector<std::string> before = listing(dir);
+    ASSERT_EQ(before.size(), 3u) << what;  // the index and 2 shards
+    std::vector<std::string> errors;
+    train(initial_, batches_, 2, stage, kSaveAfter, kSteps - 1, dir, dir, &errors, 1);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_NE(errors[r].find("kolo::save_zero_checkpoint"), std::string::npos)
+          << what << ", rank " << r << ": " << errors[r];
+      EXPECT_NE(errors[r].find("on rank 1: "), std::string::npos) << what << ": " << errors[r];
+      EXPECT_NE(errors[r].find("unwritable"), std::string::npos) << what << ": " << errors[r];
+    }
+    EXPECT_EQ(listing(dir), before) << what;
+    const std::vector<double> rest(uninterrupted.begin() + kSaveAfter, uninterrupted.end());
+    expect_same_losses(train(initial_, batches_, 2, stage, kSaveAfter, kSteps, dir, ""), rest,
+                       what + ", resumed from the last complete save");
+    std::filesystem::remove_all(dir);
+  }
+}
+
+// A complete save replaces the one before: its shards go once the new index
+// is in place, so the directory holds one save's files.
+TEST_F(ZeroCheckpoint, ACompleteSaveRemovesTheShardsOfTheOneBefore) {
+  const std::string dir = temp_dir("two-saves");
+  train(initial_, batches_, 2, 2, 0, 1, "", dir);
+  const std::vector<std::string> first = listing(dir);
+  train(initial_, batches_, 2, 2, 0, 2, "", dir);
+  const std::vector<std::string> second = listing(dir);
+  ASSERT_EQ(second.size(), 3u) << "the index and 2 shards";
+  for (const std::string& name : first) {
+    if (name != "index.kolo") {
+      EXPECT_EQ(std::count(second.begin(), second.end(), name), 0) << name << " is left";
+    }
+  }
+  for (const std::string& error : load_errors(initial_, dir, 2)) EXPECT_EQ(error, "");
+  std::filesystem::remove_all(dir);
 }
 
 // Before format 3 the files' payloads were libtorch zip archives, read by

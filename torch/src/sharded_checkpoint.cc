@@ -12,6 +12,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -49,12 +50,40 @@ using Index = detail::ZeroIndexFile;
   detail::zero_fail(source, what);
 }
 
-std::string shard_file(int rank, int world) {
-  return "shard-" + std::to_string(rank) + "-of-" + std::to_string(world) + ".kolo";
+// A shard's file name carries its save's id, so that a save never
+// overwrites a file the last complete save's index names. The index, written
+// last (and renamed into place, as every checkpoint file), commits a save;
+// only then are the shards of earlier saves removed. A save that fails on
+// any rank (a full disk) thus leaves the last complete one loadable.
+std::string shard_file(int rank, int world, const std::string& save_id) {
+  return "shard-" + std::to_string(rank) + "-of-" + std::to_string(world) + "-" + save_id + ".kolo";
 }
 
 std::string join(const std::string& dir, const std::string& file) {
   return (std::filesystem::path(dir) / file).string();
+}
+
+// Removes `path` when it exists; errors are ignored (cleaning up after a
+// failed save must not hide the failure).
+void remove_quietly(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+}
+
+// After `index` was committed in `dir`: removes the shard files of earlier
+// saves (shard-*.kolo that the index does not name). Best effort: ranks that
+// share the directory race to remove the same files, and a file that cannot
+// be removed only costs space.
+void remove_stale_shards(const std::string& dir, const Index& index) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool shard = name.rfind("shard-", 0) == 0 && name.size() > 5 &&
+                       name.compare(name.size() - 5, 5, ".kolo") == 0;
+    if (shard && std::find(index.files.begin(), index.files.end(), name) == index.files.end()) {
+      remove_quietly(entry.path().string());
+    }
+  }
 }
 
 std::string index_source(const std::string& dir) { return "'" + join(dir, kIndexFile) + "'"; }
@@ -292,12 +321,13 @@ Shard my_shard(ZeroState& state) {
   return shard;
 }
 
-Index my_index(ZeroState& state, const CheckpointState& checkpoint) {
+Index my_index(ZeroState& state, const CheckpointState& checkpoint, const std::string& save_id) {
   Index index = describe(state.params, *state.optimizer, *state.model, checkpoint);
   index.world = state.size;
   index.stage = state.options.stage;
+  index.save_id = save_id;
   for (int r = 0; r < state.size; ++r) {
-    index.files.push_back(shard_file(r, state.size));
+    index.files.push_back(shard_file(r, state.size, save_id));
     index.segments.push_back(runs_of(state, r));
   }
   return index;
@@ -397,6 +427,8 @@ void save_zero_checkpoint(const std::string& dir, ZeroOptimizer& optimizer,
       }
     }
   }
+  // This rank's new shard: a file of its own, beside the last save's.
+  const std::string my_file = join(dir, shard_file(state.rank, state.size, save_id));
   if (error.empty()) {
     try {
       std::filesystem::create_directories(dir);
@@ -405,23 +437,30 @@ void save_zero_checkpoint(const std::string& dir, ZeroOptimizer& optimizer,
       if (state.options.stage != 3) state.adopt_params();
       Shard shard = my_shard(state);
       shard.save_id = save_id;
-      write_checkpoint_file(join(dir, shard_file(state.rank, state.size)),
-                            detail::encode_zero_shard(shard));
+      write_checkpoint_file(my_file, detail::encode_zero_shard(shard));
     } catch (const std::exception& e) {
       error = detail::what_of(e);
     }
   }
-  detail::agree_on_outcome(error, op, state.options.name_prefix + "save.shards", state.call);
-  if (state.rank == 0) {
-    try {
-      Index index = my_index(state, checkpoint);
-      index.save_id = save_id;
-      write_checkpoint_file(join(dir, kIndexFile), detail::encode_zero_index(index));
-    } catch (const std::exception& e) {
-      error = detail::what_of(e);
+  // Every rank's shard is written, or none counts: the index still names
+  // the last complete save, whose files are untouched.
+  Index index;
+  try {
+    detail::agree_on_outcome(error, op, state.options.name_prefix + "save.shards", state.call);
+    index = my_index(state, checkpoint, save_id);
+    if (state.rank == 0) {
+      try {
+        write_checkpoint_file(join(dir, kIndexFile), detail::encode_zero_index(index));
+      } catch (const std::exception& e) {
+        error = detail::what_of(e);
+      }
     }
+    detail::agree_on_outcome(error, op, state.options.name_prefix + "save.index", state.call);
+  } catch (...) {
+    remove_quietly(my_file);
+    throw;
   }
-  detail::agree_on_outcome(error, op, state.options.name_prefix + "save.index", state.call);
+  remove_stale_shards(dir, index);
 }
 
 CheckpointState load_zero_checkpoint(const std::string& dir, ZeroOptimizer& optimizer) {
@@ -507,10 +546,10 @@ std::pair<Index, Shard> consolidated(const Full& full) {
   shard.group_scalars = full.group_scalars;
   Index index = full.index;
   index.world = 1;
-  index.files = {shard_file(0, 1)};
-  index.segments.assign(1, {});
   index.format = shard.format = detail::kZeroFormat;
   index.save_id = shard.save_id = detail::new_zero_save_id();
+  index.files = {shard_file(0, 1, index.save_id)};
+  index.segments.assign(1, {});
   for (const ParamInfo& p : full.index.params) {
     shard.segments.push_back(full.params.at(p.name));
     index.segments[0].push_back({p.name, 0, p.numel()});
@@ -524,7 +563,13 @@ void consolidate_zero_checkpoint(const std::string& dir, const std::string& out_
   const auto [index, shard] = consolidated(read_full(dir));
   std::filesystem::create_directories(out_dir);
   write_checkpoint_file(join(out_dir, index.files[0]), detail::encode_zero_shard(shard));
-  write_checkpoint_file(join(out_dir, kIndexFile), detail::encode_zero_index(index));
+  try {
+    write_checkpoint_file(join(out_dir, kIndexFile), detail::encode_zero_index(index));
+  } catch (...) {
+    remove_quietly(join(out_dir, index.files[0]));
+    throw;
+  }
+  remove_stale_shards(out_dir, index);
 }
 
 CheckpointState load_zero_model(const std::string& dir, torch::nn::Module& model) {
@@ -605,13 +650,19 @@ void save_replicated(const std::string& dir, const ReplicatedCheckpoint& what,
         index.hook_states = hook_states;
         index.hook_step = what.exchanges != nullptr ? *what.exchanges : 0;
       }
-      index.files = {shard_file(0, 1)};
+      index.save_id = shard.save_id = new_zero_save_id();
+      index.files = {shard_file(0, 1, index.save_id)};
       index.segments.assign(1, {});
       for (const ZeroParam& p : what.params) index.segments[0].push_back({p.name, 0, p.numel});
-      index.save_id = shard.save_id = new_zero_save_id();
       std::filesystem::create_directories(dir);
       write_checkpoint_file(join(dir, index.files[0]), encode_zero_shard(shard));
-      write_checkpoint_file(join(dir, kIndexFile), encode_zero_index(index));
+      try {
+        write_checkpoint_file(join(dir, kIndexFile), encode_zero_index(index));
+      } catch (...) {
+        remove_quietly(join(dir, index.files[0]));
+        throw;
+      }
+      remove_stale_shards(dir, index);
     } catch (const std::exception& e) {
       error = what_of(e);
     }

@@ -247,14 +247,17 @@ class ZeroOptimizer : public ParallelOptimizer {
 
 // --- Sharded checkpoints ----------------------------------------------------
 //
-// A checkpoint is a directory: "shard-<r>-of-<N>.kolo" per rank (its slices of
-// the parameters and of the optimizer state, by parameter name and element
-// range) and "index.kolo" (world size, stage, parameter manifest, optimizer
-// type and group options, the model's buffers, CheckpointState). Every file
-// uses kolo's checkpoint container (kolo/torch/checkpoint.h): written to a
-// temporary file and renamed, with CRC-32s checked on reading. The index is
-// written last, by rank 0, after every shard is on disk, so a directory with
-// an index is complete.
+// A checkpoint is a directory: "shard-<r>-of-<N>-<save id>.kolo" per rank (its
+// slices of the parameters and of the optimizer state, by parameter name and
+// element range) and "index.kolo" (world size, stage, parameter manifest,
+// optimizer type and group options, the model's buffers, CheckpointState, and
+// the names of its shards). Every file uses kolo's checkpoint container
+// (kolo/torch/checkpoint.h): written to a temporary file and renamed, with
+// CRC-32s checked on reading. A save writes new shard files beside the last
+// save's, then the index, last, by rank 0, once every shard is on disk: the
+// index's rename commits the save, and only then are the older shards
+// removed. A save that fails on any rank (a full disk) throws on every rank
+// and leaves the last complete save in place.
 //
 // Loading works at any world size and stage: each rank reads the index and the
 // shards that hold its new slices. A consolidated checkpoint is the same
@@ -271,7 +274,7 @@ void save_zero_checkpoint(const std::string& dir, ZeroOptimizer& optimizer,
 CheckpointState load_zero_checkpoint(const std::string& dir, ZeroOptimizer& optimizer);
 
 // One process: reads every shard of `dir` and writes `out_dir` with one shard
-// ("shard-0-of-1.kolo") holding the full parameters and optimizer state.
+// ("shard-0-of-1-<save id>.kolo") holding the full parameters and optimizer state.
 void consolidate_zero_checkpoint(const std::string& dir, const std::string& out_dir);
 
 // One process: loads the full parameters and buffers of a ZeRO checkpoint
