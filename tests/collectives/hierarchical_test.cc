@@ -17,6 +17,7 @@
 #include "kolo/core/communicator.h"
 #include "kolo/core/errors.h"
 #include "kolo/core/store.h"
+#include "p2p_check.h"
 #include "thread_ranks.h"
 
 namespace kolo {
@@ -128,6 +129,55 @@ TEST(Hierarchical, AMismatchIsEveryRanksContractError) {
   for (int r = 0; r < 4; ++r) {
     EXPECT_NE(errors[r].find("count differs across ranks"), std::string::npos) << errors[r];
     EXPECT_EQ(errors[r], errors[0]);
+  }
+}
+
+// Point to point on the composition (a pipeline's stages across hosts):
+// every pattern of the shared check, within a host (the local part) and
+// across hosts (the flat part), placed by slot and round-robin. Before, the
+// hierarchical communicator had no point-to-point transfers at all.
+TEST(Hierarchical, PointToPointWithinAndAcrossHosts) {
+  for (bool round_robin : {false, true}) {
+    ThreadHierarchy hierarchy(placement(2, 2, round_robin));
+    std::vector<std::unique_ptr<Communicator>> comms;
+    for (int r = 0; r < 4; ++r) comms.push_back(hierarchy.take(r));
+    testing::P2PCheck check;
+    check.counts = {0, 1, 1000, 70000};
+    std::vector<std::vector<std::string>> failures(4);
+    run_ranks(
+        4, [&](int rank) { failures[rank] = testing::check_point_to_point(*comms[rank], check); });
+    for (int r = 0; r < 4; ++r) {
+      for (const auto& line : failures[r]) ADD_FAILURE() << "rank " << r << ": " << line;
+    }
+  }
+}
+
+// A transfer whose two sides disagree names the part and stays that
+// transfer's error: both ranks get it, the next transfer works.
+TEST(Hierarchical, APointToPointMismatchNamesThePartAndLeavesItUsable) {
+  ThreadHierarchy hierarchy(placement(2, 2, false));  // hosts {0, 1} and {2, 3}
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < 4; ++r) comms.push_back(hierarchy.take(r));
+  std::vector<std::string> errors(4);
+  run_ranks(4, [&](int rank) {
+    if (rank == 1) return;
+    const int peer = rank == 0 ? 2 : rank == 2 ? 0 : -1;  // across hosts
+    if (peer < 0) return;
+    std::vector<float> data(16, 1.0f);
+    P2POptions o;
+    o.tag = 3;
+    try {
+      if (rank == 0) comms[rank]->send(data.data(), 16, DType::kF32, peer, o);
+      if (rank == 2) comms[rank]->recv(data.data(), 15, DType::kF32, peer, o);
+    } catch (const ContractError& e) {
+      errors[rank] = e.what();
+    }
+    if (rank == 0) comms[rank]->send(data.data(), 16, DType::kF32, peer, o);
+    if (rank == 2) comms[rank]->recv(data.data(), 16, DType::kF32, peer, o);
+  });
+  for (int r : {0, 2}) {
+    EXPECT_NE(errors[r].find("in the flat part"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("16"), std::string::npos) << errors[r];
   }
 }
 

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -249,6 +250,22 @@ pid_t child_with_env(pid_t parent, const std::string& variable) {
     }
   }
   return -1;
+}
+
+std::vector<double> numbers_after(const std::string& output, const std::string& prefix) {
+  std::vector<double> values;
+  const std::regex pattern(
+      std::regex_replace(prefix, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)") + "([0-9.]+)");
+  for (std::sregex_iterator it(output.begin(), output.end(), pattern), end; it != end; ++it) {
+    values.push_back(std::stod((*it)[1].str()));
+  }
+  return values;
+}
+
+std::string flag_pairs_name(const std::vector<std::string>& flags) {
+  std::string name;
+  for (size_t i = 0; i + 1 < flags.size(); i += 2) name += flags[i].substr(2) + flags[i + 1];
+  return name;
 }
 
 }  // namespace kolo::kolorun_test

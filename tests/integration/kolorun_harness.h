@@ -99,4 +99,12 @@ size_t count_of(const std::string& text, const std::string& what);
 // exit during the scan are skipped.
 pid_t child_with_env(pid_t parent, const std::string& variable);
 
+// The numbers printed right after `prefix` in `output`, in order: prefix
+// "loss " finds 0.25 in "step 20 loss 0.25", "test accuracy: " 0.9 in
+// "test accuracy: 0.9".
+std::vector<double> numbers_after(const std::string& output, const std::string& prefix);
+
+// A test-parameter name from flag pairs: {"--dp", "2", "--pp", "2"} -> "dp2pp2".
+std::string flag_pairs_name(const std::vector<std::string>& flags);
+
 }  // namespace kolo::kolorun_test

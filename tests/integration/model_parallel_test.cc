@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -17,15 +16,6 @@ namespace {
 using std::chrono::seconds;
 
 std::string example_path() { return KOLO_BINARY_DIR "/examples/model_parallel/model_parallel"; }
-
-std::vector<double> losses(const std::string& output) {
-  std::vector<double> values;
-  const std::regex pattern("loss ([0-9.]+)");
-  for (std::sregex_iterator it(output.begin(), output.end(), pattern), end; it != end; ++it) {
-    values.push_back(std::stod((*it)[1].str()));
-  }
-  return values;
-}
 
 class ModelParallelExample : public ::testing::TestWithParam<std::vector<std::string>> {};
 
@@ -41,7 +31,7 @@ TEST_P(ModelParallelExample, TrainsOnFourWorkers) {
   const RunResult r = run_kolorun(args, seconds(240));
   ASSERT_FALSE(r.timed_out) << r.out << r.err;
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  const std::vector<double> seen = losses(r.out);
+  const std::vector<double> seen = numbers_after(r.out, "loss ");
   ASSERT_EQ(seen.size(), 3u) << r.out;
   EXPECT_LT(seen.back(), seen.front()) << r.out;
 }
@@ -49,13 +39,7 @@ TEST_P(ModelParallelExample, TrainsOnFourWorkers) {
 INSTANTIATE_TEST_SUITE_P(Grids, ModelParallelExample,
                          ::testing::Values(std::vector<std::string>{"--dp", "2", "--pp", "2"},
                                            std::vector<std::string>{"--tp", "2", "--dp", "2"}),
-                         [](const auto& info) {
-                           std::string name;
-                           for (size_t i = 0; i + 1 < info.param.size(); i += 2) {
-                             name += info.param[i].substr(2) + info.param[i + 1];
-                           }
-                           return name;
-                         });
+                         [](const auto& info) { return flag_pairs_name(info.param); });
 
 }  // namespace
 }  // namespace kolo::kolorun_test

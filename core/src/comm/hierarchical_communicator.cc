@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "comm/call_scratch.h"
+#include "comm/p2p.h"
 #include "comm/signature.h"
 #include "comm/staged_reduction.h"
 #include "kolo/core/errors.h"
@@ -215,6 +216,24 @@ class HierarchicalCommunicator : public Communicator {
       o.timeout = left;
       p_.flat->barrier(o);
     });
+  }
+
+  // ---- Point to point ----
+  //
+  // Within the host through the local part (shm), across hosts through the
+  // flat part (the network backend), each with the peer's rank in that
+  // part. Only the two ranks take part, so a fault in a transfer is that
+  // transfer's (the parts stay as usable as they leave themselves): its
+  // message names the part, whose numbering it uses, and its failed ranks
+  // are mapped to this communicator's.
+  P2PHandle isend(const void* data, size_t count, DType dtype, int peer,
+                  const P2POptions& options) override {
+    return p2p(detail::P2PKind::kSend, const_cast<void*>(data), count, dtype, peer, options);
+  }
+
+  P2PHandle irecv(void* data, size_t count, DType dtype, int peer,
+                  const P2POptions& options) override {
+    return p2p(detail::P2PKind::kRecv, data, count, dtype, peer, options);
   }
 
   // From any thread (communicator.h): the parts give up at once, so a call
@@ -449,6 +468,64 @@ class HierarchicalCommunicator : public Communicator {
     } catch (const RuntimeFault& fault) {
       throw_if_abort_requested();
       raise(settle(part_fault(part, fault)));
+    }
+  }
+
+  // A transfer of a part, whose errors are rethrown in this communicator's
+  // terms (see isend).
+  class PartP2POp : public detail::P2POp {
+   public:
+    PartP2POp(P2PHandle inner, std::vector<int> members, std::string label)
+        : inner_(std::move(inner)), members_(std::move(members)), label_(std::move(label)) {}
+    bool test() override {
+      try {
+        return inner_.test();
+      } catch (const Error& e) {
+        rethrow(e);
+      }
+    }
+    void wait() override {
+      try {
+        inner_.wait();
+      } catch (const Error& e) {
+        rethrow(e);
+      }
+    }
+    [[noreturn]] void rethrow(const Error& e) const {
+      const std::string what = label_ + ": " + e.what();
+      const auto* fault = dynamic_cast<const RuntimeFault*>(&e);
+      if (fault == nullptr) throw ContractError(what);
+      std::vector<int> ranks;
+      for (int r : fault->failed_ranks()) {
+        if (r >= 0 && r < static_cast<int>(members_.size())) ranks.push_back(members_[r]);
+      }
+      if (dynamic_cast<const TimeoutError*>(&e) != nullptr) throw TimeoutError(what, ranks);
+      throw RuntimeFault(what, ranks);
+    }
+
+   private:
+    P2PHandle inner_;
+    std::vector<int> members_;  // part rank -> communicator rank
+    std::string label_;         // part_label()
+  };
+
+  P2PHandle p2p(detail::P2PKind kind, void* data, size_t count, DType dtype, int peer,
+                const P2POptions& options) {
+    detail::check_p2p_args(kind, p_.rank, size_, peer, data, count, dtype, options);
+    throw_if_broken(kind == detail::P2PKind::kSend ? "isend" : "irecv");
+    const bool same_host = p_.layout.host_of[peer] == host_;
+    const Part part = same_host ? kLocal : kFlat;
+    Communicator& through = same_host ? *p_.local : *p_.flat;
+    const int part_peer = same_host ? p_.layout.local_index[peer] : peer;
+    const std::vector<int>& members = same_host ? local_members_ : all_members();
+    PartP2POp mapper(P2PHandle(), members, part_label(part));
+    try {
+      P2PHandle inner = kind == detail::P2PKind::kSend
+                            ? through.isend(data, count, dtype, part_peer, options)
+                            : through.irecv(data, count, dtype, part_peer, options);
+      return P2PHandle(std::make_shared<PartP2POp>(std::move(inner), members, part_label(part)));
+    } catch (const Error& e) {
+      mapper.rethrow(e);
     }
   }
 
