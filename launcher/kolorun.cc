@@ -23,6 +23,7 @@
 #include "crypto.h"
 #include "elastic_driver.h"
 #include "elastic_hosts.h"
+#include "exit_notices.h"
 #include "hosts.h"
 #include "job.h"
 #include "kolo/core/communicator.h"
@@ -42,15 +43,6 @@ namespace {
 
 // Exit code for a bad command line (nothing was started).
 constexpr int kUsageExitCode = 2;
-
-// The signals the supervisor handles; blocked in every thread and read from a
-// signalfd (the store server's thread inherits the mask).
-sigset_t handled_signals() {
-  sigset_t set;
-  sigemptyset(&set);
-  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
-  return set;
-}
 
 // Workers' pipes must never land on fds 0-2, so make sure those are open.
 void ensure_standard_fds() {
@@ -106,7 +98,7 @@ int exec_mpirun(const LaunchOptions& options, const JobPlan& plan) {
   std::vector<char*> args;
   for (auto& arg : argv) args.push_back(arg.data());
   args.push_back(nullptr);
-  sigset_t set = handled_signals();
+  sigset_t set = kolorun_signals();
   pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_DFL);
   execvp(args[0], args.data());
@@ -217,7 +209,7 @@ int launch_elastic(const LaunchOptions& options) {
               << e.what() << std::endl;
     return 1;
   }
-  sigset_t signals = handled_signals();
+  sigset_t signals = kolorun_signals();
   int signal_fd = signalfd(-1, &signals, SFD_NONBLOCK | SFD_CLOEXEC);
   if (signal_fd < 0) {
     std::cerr << "kolorun: signalfd: " << std::strerror(errno) << std::endl;
@@ -306,7 +298,7 @@ int launch(const LaunchOptions& options) {
     return 1;
   }
 
-  sigset_t signals = handled_signals();
+  sigset_t signals = kolorun_signals();
   int signal_fd = signalfd(-1, &signals, SFD_NONBLOCK | SFD_CLOEXEC);
   if (signal_fd < 0) {
     std::cerr << "kolorun: signalfd: " << std::strerror(errno) << std::endl;
@@ -329,6 +321,20 @@ int launch(const LaunchOptions& options) {
   supervisor_options.grace_seconds = options.grace_seconds;
   supervisor_options.job_timeout_seconds = options.job_timeout_seconds;
   supervisor_options.signal_fd = signal_fd;
+  // kolorun's own client of its store, made at the first early exit.
+  std::shared_ptr<Store> own_store;
+  supervisor_options.on_clean_exit = [&](int rank) {
+    if (world_size < 2) return;
+    try {
+      if (!own_store) {
+        own_store = connect_tcp_store("127.0.0.1", store->port(), std::chrono::seconds(10), secret);
+      }
+      detail::announce_clean_exit(*own_store, rank);
+    } catch (const std::exception& e) {
+      std::cerr << "kolorun: cannot tell the other ranks through the store that rank " << rank
+                << " exited: " << e.what() << std::endl;
+    }
+  };
   const std::vector<std::string> parent_environ = current_environ();
   const ParentEnv parent = process_parent_env();
   const std::string cwd = working_directory();
@@ -375,7 +381,7 @@ int launch(const LaunchOptions& options) {
 
 int run(int argc, char** argv) {
   ensure_standard_fds();
-  sigset_t signals = handled_signals();
+  sigset_t signals = kolorun_signals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a closed terminal must not kill the launcher
   // A file-size limit makes writes to --output-dir logs fail with EFBIG,

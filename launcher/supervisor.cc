@@ -117,7 +117,7 @@ void Supervisor::on_signal(int signal_number) {
   }
   cause_ = Cause::kSignal;
   cause_signal_ = signal_number;
-  begin_stop(signal_number);
+  begin_stop(stop_signal_for(signal_number));
 }
 
 void Supervisor::on_exit(const PoolWorker& worker) {
@@ -137,6 +137,9 @@ void Supervisor::on_exit(const PoolWorker& worker) {
     cause_ = Cause::kFailure;
     cause_rank_ = worker.id;
     begin_stop(SIGTERM);
+  }
+  if (!failed(worker.status) && !stopping_ && options_.on_clean_exit) {
+    options_.on_clean_exit(worker.id);
   }
 }
 

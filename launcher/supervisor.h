@@ -42,9 +42,14 @@ struct WorkerProcess {
 struct SupervisorOptions {
   double grace_seconds = 5.0;
   std::optional<double> job_timeout_seconds;
-  // A signalfd reporting SIGCHLD, SIGINT, SIGTERM and SIGHUP, which the caller
+  // A signalfd reporting kolorun_signals() (worker_pool.h), which the caller
   // has blocked in every thread.
   int signal_fd = -1;
+  // Called for each rank that exits 0 while the job runs on (not stopping):
+  // kolorun tells the other ranks through its store, so that a rank still
+  // waiting for it in the rendezvous fails at once naming it instead of
+  // waiting out the timeout (detail::kExitedRankKey, kolo/core/store.h).
+  std::function<void(int rank)> on_clean_exit;
   // Parameter-server jobs: ranks below ps_workers are workers, the others
   // servers. 0: not a parameter-server job.
   int ps_workers = 0;

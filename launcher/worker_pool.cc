@@ -157,12 +157,56 @@ void WorkerPool::step(std::optional<Clock::duration> max_wait) {
   reap();
 }
 
+sigset_t kolorun_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGALRM, SIGXCPU, SIGVTALRM, SIGPROF,
+                  SIGPWR, SIGUSR1, SIGUSR2}) {
+    sigaddset(&set, sig);
+  }
+  return set;
+}
+
+bool is_forwarded_signal(int signal_number) {
+  return signal_number == SIGUSR1 || signal_number == SIGUSR2;
+}
+
+int stop_signal_for(int signal_number) {
+  return signal_number == SIGINT || signal_number == SIGTERM || signal_number == SIGHUP
+             ? signal_number
+             : SIGTERM;
+}
+
 void WorkerPool::handle_signals() {
   signalfd_siginfo info;
   while (read(options_.signal_fd, &info, sizeof(info)) == static_cast<ssize_t>(sizeof(info))) {
     const int sig = static_cast<int>(info.ssi_signo);
     if (sig == SIGCHLD) continue;  // reap() runs after every step
+    if (is_forwarded_signal(sig)) {
+      forward(sig);
+      continue;
+    }
     if (on_signal_) on_signal_(sig);
+  }
+}
+
+void WorkerPool::forward(int signal_number) {
+  int local = 0, remote = 0;
+  for (const PoolWorker& worker : workers_) {
+    if (worker.exited) continue;
+    if (worker.remote) {
+      ++remote;  // its ssh client would die of it: not passed on
+      continue;
+    }
+    ::kill(-worker.process.pid, signal_number);
+    ++local;
+  }
+  std::string line = "kolorun: passed " + signal_name(signal_number) + " on to " +
+                     std::to_string(local) + " local worker(s)";
+  if (remote > 0) line += "; not to the " + std::to_string(remote) + " on other hosts";
+  line += "\n";
+  if (write(2, line.data(), line.size()) < 0) {
+    // stderr closed: nothing else to tell
   }
 }
 

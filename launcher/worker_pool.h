@@ -22,6 +22,7 @@
 //    and reaps whatever descendants are left (kolorun is a child subreaper).
 #pragma once
 
+#include <signal.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -48,10 +49,27 @@ struct PoolWorker {
   std::optional<std::chrono::steady_clock::time_point> kill_at;  // escalation deadline
 };
 
+// The signals kolorun handles, blocked in every thread and read from a
+// signalfd (kolorun's default action for any of them would end it with no
+// message and leave its workers' shared memory behind):
+//  - SIGCHLD: a worker exited;
+//  - the stopping signals, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGALRM,
+//    SIGXCPU, SIGVTALRM, SIGPROF, SIGPWR: the job stops (the callback); the
+//    workers receive the same signal for INT, TERM and HUP and SIGTERM for the
+//    others (a core-dumping SIGQUIT is kolorun's to take, not every worker's);
+//  - the forwarded ones, SIGUSR1 and SIGUSR2: passed on to every local
+//    worker's process group, the job goes on (a batch system's "checkpoint
+//    now" notice reaches the program, as under mpirun; a worker that does not
+//    handle it dies, which the job then reports as a failure).
+sigset_t kolorun_signals();
+bool is_forwarded_signal(int signal_number);
+// The signal workers are stopped with when kolorun received `signal_number`.
+int stop_signal_for(int signal_number);
+
 struct WorkerPoolOptions {
   double grace_seconds = 5.0;
-  // A signalfd reporting SIGCHLD, SIGINT, SIGTERM and SIGHUP, which the caller
-  // has blocked in every thread.
+  // A signalfd reporting kolorun_signals(), which the caller has blocked in
+  // every thread.
   int signal_fd = -1;
 };
 
@@ -60,7 +78,7 @@ class WorkerPool {
   using Clock = std::chrono::steady_clock;
   // Called once per worker, after it was reaped (`exited` and `status` set).
   using ExitCallback = std::function<void(const PoolWorker&)>;
-  // Called for each SIGINT/SIGTERM/SIGHUP kolorun receives.
+  // Called for each stopping signal kolorun receives (kolorun_signals()).
   using SignalCallback = std::function<void(int signal_number)>;
 
   WorkerPool(const WorkerPoolOptions& options, OutputRouter& output);
@@ -100,6 +118,9 @@ class WorkerPool {
  private:
   PoolWorker* find_mutable(int id);
   void handle_signals();
+  // Sends a forwarded signal (is_forwarded_signal) to every running local
+  // worker's process group and says so on stderr.
+  void forward(int signal_number);
   void reap();
   void pump(PoolWorker& worker, Stream stream);
   void close_output(PoolWorker& worker, Stream stream);

@@ -21,6 +21,7 @@
 
 #include "comm/backends.h"
 #include "comm/hierarchical_communicator.h"
+#include "exit_notices.h"
 #include "kolo/core/errors.h"
 #include "log.h"
 
@@ -233,6 +234,11 @@ Runtime::Runtime(const InitOptions& options) {
   comm.rank_hosts = rank_hosts;
   backend_ = backend;
   world_options_ = comm;
+  if (topology_.source == "kolorun" && raw_store && topology_.size > 1) {
+    // kolorun writes its notices at the root of its store, outside any
+    // generation's prefix.
+    exit_check_ = detail::exited_ranks_check(raw_store, topology_.rank, topology_.size);
+  }
   if (config_.get_int("KOLO_PS_REJOIN") > 0) {
     // A worker restarted into a running parameter-server job (kolorun
     // --restart-workers): the others built the world long ago and will not
@@ -251,7 +257,7 @@ Runtime::Runtime(const InitOptions& options) {
                 ", without a world communicator");
     return;
   }
-  world_ = make_communicator(backend, comm);
+  world_ = make_communicator(backend, with_exit_check(comm));
   if (world_->rank() != topology_.rank || world_->size() != topology_.size) {
     throw ContractError("kolo::init: backend '" + backend + "' reports rank " +
                         std::to_string(world_->rank()) + " of " + std::to_string(world_->size()) +
@@ -275,7 +281,7 @@ Runtime::Runtime(const InitOptions& options) {
     comm.rank_hosts = host_indices(hosts);
     if (detail::wants_hierarchy(comm)) {
       world_.reset();
-      world_ = make_communicator(backend, comm);
+      world_ = make_communicator(backend, with_exit_check(comm));
     }
     world_options_ = comm;
   }
@@ -385,7 +391,8 @@ Engine& Runtime::engine() {
   CommunicatorOptions engine_options = world_options_;
   engine_options.prefix = world_options_.prefix + "/engine";
   engine_options.check_args = false;
-  EngineCommunicators comms = engine_communicators(backend_, engine_options, topology_.rank);
+  EngineCommunicators comms =
+      engine_communicators(backend_, engine_options, topology_.rank, exit_check_);
   engine_ = std::make_unique<Engine>(std::move(comms.world), std::move(comms.factory), options);
   return *engine_;
 }
@@ -422,10 +429,18 @@ std::string Runtime::next_replica_prefix() {
   return world_options_.prefix + "/replicas" + std::to_string(replica_groups_++);
 }
 
+CommunicatorOptions Runtime::with_exit_check(CommunicatorOptions options) const {
+  if (!options.rendezvous_check) options.rendezvous_check = exit_check_;
+  return options;
+}
+
 EngineCommunicators Runtime::engine_communicators(const std::string& backend,
-                                                  const CommunicatorOptions& base, int world_rank) {
+                                                  const CommunicatorOptions& base, int world_rank,
+                                                  std::function<void()> world_check) {
   EngineCommunicators comms;
-  comms.world = make_communicator(backend, base);
+  CommunicatorOptions world = base;
+  if (!world.rendezvous_check) world.rendezvous_check = std::move(world_check);
+  comms.world = make_communicator(backend, world);
   // Process sets: members build a communicator of their own under a prefix
   // no other set uses (ids are never reused within one engine).
   comms.factory = [backend, base, world_rank](const std::vector<int>& ranks, int set_id) {

@@ -4,9 +4,11 @@
 // work after KOLO_STALL_SHUTDOWN_SECONDS, far before --timeout; kolorun then
 // stops the job, SIGKILLing the stopped rank after --grace.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kolorun_harness.h"
@@ -104,6 +106,17 @@ TEST(MpiStalledRank, TheJobEndsWithinTheTimeoutAndLeavesNoSegment) {
 }
 #endif
 
+// Every segment name of these workers' pids is gone from /dev/shm.
+void expect_no_segments_of(const std::vector<int>& pids) {
+  for (int pid : pids) {
+    const std::string prefix = "kolo-" + std::to_string(pid) + "-";
+    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+      const std::string name = entry.path().filename();
+      EXPECT_NE(name.rfind(prefix, 0), 0u) << "left behind: /dev/shm/" << name;
+    }
+  }
+}
+
 // Rank 1 exits before its init while rank 0 waits in the shm rendezvous,
 // holding the segment's name; kolorun stops rank 0 with SIGTERM, which ends
 // it before it can unlink the name. kolorun removes it when it reaps rank 0.
@@ -118,13 +131,74 @@ TEST(ShmRendezvous, AnInterruptedInitLeavesNoSegment) {
   EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
   const std::vector<int> pids = int_values(r.out, "pid");
   ASSERT_EQ(pids.size(), 2u) << r.out;
-  for (int pid : pids) {
-    const std::string prefix = "kolo-" + std::to_string(pid) + "-";
-    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
-      const std::string name = entry.path().filename();
-      EXPECT_NE(name.rfind(prefix, 0), 0u) << "left behind: /dev/shm/" << name;
-    }
-  }
+  expect_no_segments_of(pids);
+}
+
+// A rank that exits 0 before its init (an early return) while rank 0 waits
+// for it in the shm rendezvous: kolorun announces the exit in its store and
+// rank 0 fails at once naming it, instead of waiting out --timeout.
+TEST(ShmRendezvous, ARankThatExits0BeforeInitFailsTheOthersAtOnceNamingIt) {
+  const auto start = std::chrono::steady_clock::now();
+  const RunResult r =
+      run_kolorun({"-np", "2", "--backend", "shm", "--timeout", "120", "--tag-output",
+                   worker_path("stall_worker"), "--exit-0-before-init", "1"},
+                  seconds(100));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(60)) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_NE(r.out.find("rank 0: fault: kolo::init: rank 1 exited with code 0 before joining"),
+            std::string::npos)
+      << r.out << r.err;
+  EXPECT_NE(r.out.find("[failed ranks: 1]"), std::string::npos) << r.out;
+  expect_no_segments_of(int_values(r.out, "pid"));
+}
+
+// Signals whose default action would end kolorun with no message (SIGQUIT
+// dumps core, SIGALRM terminates) while rank 0 holds a shm rendezvous
+// segment: kolorun stops the job, names the signal, and leaves no segment.
+void expect_signal_during_rendezvous_cleans_up(int signal_number, const std::string& name) {
+  KolorunProcess kolorun({"-np", "2", "--backend", "shm", "--timeout", "60", "--grace", "1",
+                          "--tag-output", worker_path("stall_worker"), "--sleep-before-init", "1"});
+  ASSERT_TRUE(kolorun.wait_for_stdout(
+      [](const std::string& out) { return int_values(out, "pid").size() == 2; }, seconds(30)))
+      << "workers did not start";
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // rank 0 is in the rendezvous
+  kill(kolorun.pid(), signal_number);
+  const RunResult r = kolorun.wait(seconds(30));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 128 + signal_number) << r.err;
+  EXPECT_NE(r.err.find("kolorun: received " + name), std::string::npos) << r.err;
+  const std::vector<int> pids = int_values(r.out, "pid");
+  for (int pid : pids) EXPECT_TRUE(wait_gone(pid, seconds(5))) << pid << " outlived kolorun";
+  expect_no_segments_of(pids);
+}
+
+TEST(ShmRendezvous, SigquitToKolorunStopsTheJobAndLeavesNoSegment) {
+  expect_signal_during_rendezvous_cleans_up(SIGQUIT, "SIGQUIT");
+}
+
+TEST(ShmRendezvous, SigalrmToKolorunStopsTheJobAndLeavesNoSegment) {
+  expect_signal_during_rendezvous_cleans_up(SIGALRM, "SIGALRM");
+}
+
+// SIGUSR1 (a batch system's "checkpoint now") is passed on to the workers,
+// as mpirun does; these do not handle it, so they die of it and the job
+// fails naming the signal, with no segment left.
+TEST(ShmRendezvous, Sigusr1IsPassedOnToTheWorkers) {
+  KolorunProcess kolorun({"-np", "2", "--backend", "shm", "--timeout", "60", "--tag-output",
+                          worker_path("stall_worker"), "--sleep-before-init", "1"});
+  ASSERT_TRUE(kolorun.wait_for_stdout(
+      [](const std::string& out) { return int_values(out, "pid").size() == 2; }, seconds(30)))
+      << "workers did not start";
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  kill(kolorun.pid(), SIGUSR1);
+  const RunResult r = kolorun.wait(seconds(30));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("kolorun: passed SIGUSR1 on to 2 local worker(s)"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("SIGUSR1"), r.err.rfind("SIGUSR1")) << "the failure names it: " << r.err;
+  expect_no_segments_of(int_values(r.out, "pid"));
 }
 
 }  // namespace

@@ -6,7 +6,10 @@
 //
 // With --exit-before-init R, rank R exits 3 after 2 s without ever calling
 // kolo::init(), while the others wait for it in the shm rendezvous (rank 0
-// holds the segment's name) until kolorun stops them.
+// holds the segment's name) until kolorun stops them. With
+// --sleep-before-init R, rank R sleeps 120 s first instead (the others wait
+// in the rendezvous meanwhile); with --exit-0-before-init R it exits 0 after
+// 1 s (an early return).
 //
 // Prints "pid=<pid>" first; "rank R: done" and exits 0 after --steps steps;
 // on a RuntimeFault prints "rank R: fault: <message> [failed ranks: a,b]" and
@@ -30,6 +33,8 @@ int main(int argc, char** argv) {
   int freeze_rank = -1;
   int freeze_step = -1;
   int exit_rank = -1;
+  int sleep_rank = -1;
+  int clean_exit_rank = -1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const std::string value = argv[i + 1];
@@ -37,6 +42,10 @@ int main(int argc, char** argv) {
       steps = std::atoi(value.c_str());
     } else if (flag == "--exit-before-init") {
       exit_rank = std::atoi(value.c_str());
+    } else if (flag == "--exit-0-before-init") {
+      clean_exit_rank = std::atoi(value.c_str());
+    } else if (flag == "--sleep-before-init") {
+      sleep_rank = std::atoi(value.c_str());
     } else if (flag == "--freeze") {
       const size_t at = value.find('@');
       freeze_rank = std::atoi(value.substr(0, at).c_str());
@@ -53,10 +62,18 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::seconds(2));
     return 3;
   }
-  kolo::init();
-  const int rank = kolo::rank();
+  if (rank_text != nullptr && std::atoi(rank_text) == clean_exit_rank) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    return 0;  // an early return before the first collective
+  }
+  if (rank_text != nullptr && std::atoi(rank_text) == sleep_rank) {
+    std::this_thread::sleep_for(std::chrono::seconds(120));
+  }
+  int rank = rank_text != nullptr ? std::atoi(rank_text) : 0;
   std::vector<float> grad(1000, 1.0f);
   try {
+    kolo::init();
+    rank = kolo::rank();
     for (int step = 0; step < steps; ++step) {
       if (rank == freeze_rank && step == freeze_step) raise(SIGSTOP);
       kolo::TensorView v{grad.data(), kolo::DType::kF32, {1000}};

@@ -114,9 +114,14 @@ class Runtime {
 
  private:
   // The engine's communicator built from `base` and its process-set
-  // factory (for the member of world rank `world_rank`).
+  // factory (for the member of world rank `world_rank`); `world_check`, when
+  // given and `base` has no rendezvous_check, checks the world's rendezvous
+  // only (exit_check_).
   static EngineCommunicators engine_communicators(const std::string& backend,
-                                                  const CommunicatorOptions& base, int world_rank);
+                                                  const CommunicatorOptions& base, int world_rank,
+                                                  std::function<void()> world_check = {});
+  // `options` with exit_check_ as its rendezvous_check when it has none.
+  CommunicatorOptions with_exit_check(CommunicatorOptions options) const;
   // The options of a communicator of `ranks` (sorted world ranks) derived
   // from `base` under `prefix`: the engine's process sets and
   // group_communicator() build theirs the same way.
@@ -134,6 +139,10 @@ class Runtime {
   // Everything needed to build the engine's communicators.
   std::string backend_;
   CommunicatorOptions world_options_;
+  // Under kolorun: fails a rendezvous of the whole world at once when a rank
+  // already exited 0 (core/src/exit_notices.h); empty otherwise. Not for
+  // process sets, which a finished rank outside them may have left.
+  std::function<void()> exit_check_;
   std::unique_ptr<Communicator> engine_comm_;  // ranks as threads: handed in
   CommunicatorFactory engine_factory_;         // ranks as threads: handed in
   std::mutex engine_mutex_;                    // engine_ and replica_groups_
