@@ -281,11 +281,12 @@ TEST(PipelinePartition, BalanceCostsMinimisesTheLargestStage) {
   EXPECT_EQ(total, 8);
 }
 
-// Runs `build(rank, options)` on 3 rank-threads; returns each rank's
-// ContractError message ("" = none).
+// Builds a Pipeline of `model_of(rank)` with the options `adjust(options,
+// rank)` makes, on 3 rank-threads; returns each rank's ContractError
+// message ("" = none).
 std::vector<std::string> construction_errors(
     const std::function<torch::nn::Sequential(int)>& model_of,
-    const std::function<void(PipelineOptions&)>& adjust) {
+    const std::function<void(PipelineOptions&, int)>& adjust) {
   constexpr int kRanks = 3;
   std::vector<torch::nn::Sequential> models;
   for (int r = 0; r < kRanks; ++r) models.push_back(model_of(r));
@@ -295,7 +296,7 @@ std::vector<std::string> construction_errors(
     PipelineOptions options;
     options.communicator = comms[rank].get();
     options.timeout = kTorchTimeout;
-    adjust(options);
+    adjust(options, rank);
     try {
       Pipeline pipe(models[rank], options);
     } catch (const ContractError& e) {
@@ -307,13 +308,13 @@ std::vector<std::string> construction_errors(
 
 TEST(PipelinePartition, ByHandAndByTimeAgreeOnEveryStage) {
   auto errors = construction_errors([](int) { return make_model(0.0); },
-                                    [](PipelineOptions& o) {
+                                    [](PipelineOptions& o, int) {
                                       o.balance = PipelineBalance::kManual;
                                       o.stage_sizes = {3, 1, 4};
                                     });
   for (const auto& e : errors) EXPECT_EQ(e, "");
   errors = construction_errors([](int) { return make_model(0.0); },
-                               [](PipelineOptions& o) {
+                               [](PipelineOptions& o, int) {
                                  o.balance = PipelineBalance::kTime;
                                  o.balance_sample = torch::randn({4, 6});
                                });
@@ -322,7 +323,7 @@ TEST(PipelinePartition, ByHandAndByTimeAgreeOnEveryStage) {
 
 TEST(PipelinePartition, BadSizesAreAContractErrorOnEveryRank) {
   const auto errors = construction_errors([](int) { return make_model(0.0); },
-                                          [](PipelineOptions& o) {
+                                          [](PipelineOptions& o, int) {
                                             o.balance = PipelineBalance::kManual;
                                             o.stage_sizes = {3, 3, 3};
                                           });
@@ -339,9 +340,41 @@ TEST(PipelinePartition, ADifferentModelOnOneRankIsAContractErrorOnEveryRank) {
                                      torch::nn::ReLU(), torch::nn::Linear(17, 12),
                                      torch::nn::Dropout(0.0), torch::nn::Linear(12, 3));
       },
-      [](PipelineOptions&) {});
+      [](PipelineOptions&, int) {});
   for (const auto& e : errors) {
     EXPECT_NE(e.find("module 3 of stage 2 (rank 2)'s model has 289 parameters"), std::string::npos)
+        << e;
+  }
+}
+
+// Stages that disagree on the step plan would deadlock (another schedule
+// sends and receives in another order) or fail inside torch (another
+// micro-batch count): construction refuses them on every rank.
+TEST(PipelinePartition, ADifferentPlanOnOneRankIsAContractErrorOnEveryRank) {
+  auto errors = construction_errors([](int) { return make_model(0.0); },
+                                    [](PipelineOptions& o, int rank) {
+                                      if (rank == 1) o.schedule = PipelineSchedule::kGPipe;
+                                    });
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("stage 0 runs the 1f1b schedule, stage 1 (rank 1) runs gpipe"),
+              std::string::npos)
+        << e;
+  }
+  errors = construction_errors([](int) { return make_model(0.0); },
+                               [](PipelineOptions& o, int rank) {
+                                 if (rank == 2) o.micro_batches = 8;
+                               });
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("stage 0 cuts each batch into 4 micro-batches, stage 2 (rank 2) into 8"),
+              std::string::npos)
+        << e;
+  }
+  errors = construction_errors(
+      [](int) { return make_model(0.0); },
+      [](PipelineOptions& o, int rank) { o.optimizer_averages_micro_batches = rank == 0; });
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("optimizer_averages_micro_batches is true on stage 0 and false on stage 1"),
+              std::string::npos)
         << e;
   }
 }

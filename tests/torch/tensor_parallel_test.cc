@@ -13,6 +13,7 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
+#include <string>
 #include <vector>
 
 #include "kolo/core/errors.h"
@@ -188,6 +189,31 @@ TEST(TensorParallelErrors, NamesAndSplitsAreChecked) {
     EXPECT_THROW(embedding(torch::zeros({2}, torch::kInt)), ContractError);
     finish(engine);
   });
+}
+
+// A layer built with other dimensions on one rank of its group (a config
+// that differs between ranks) is an error at its first forward, on every
+// rank, naming each rank's dimensions, not a model that trains on
+// mismatched slices.
+TEST(TensorParallelErrors, RanksThatBuildDifferentDimensionsAreRefused) {
+  std::vector<std::string> errors(2);
+  run_with_engines(2, [&](int rank, Engine& engine) {
+    ColumnParallelLinear fc1(16, rank == 1 ? 512 : 64, tp(engine, "fc1"));
+    errors[rank] = testing::error_of([&] { fc1(torch::randn({2, 16})); });
+    RowParallelLinear fc2(64, 16, tp(engine, "fc2"), rank == 0);
+    EXPECT_THROW(fc2(torch::randn({2, 32})), ContractError);
+    ParallelEmbedding embedding(rank == 0 ? 10 : 12, 4, tp(engine, "emb"));
+    EXPECT_THROW(embedding(torch::zeros({3}, torch::kLong)), ContractError);
+    finish(engine);
+  });
+  for (const std::string& error : errors) {
+    EXPECT_NE(error.find("ColumnParallelLinear 'fc1'"), std::string::npos) << error;
+    EXPECT_NE(error.find("rank 0 of the group: in_features 16, out_features 64"), std::string::npos)
+        << error;
+    EXPECT_NE(error.find("rank 1 of the group: in_features 16, out_features 512"),
+              std::string::npos)
+        << error;
+  }
 }
 
 }  // namespace

@@ -52,10 +52,13 @@ std::vector<std::pair<int64_t, int64_t>> micro_ranges(int64_t rows, int m) {
 // Codes of the partition handshake's verdict (see the constructor).
 enum Verdict : int64_t {
   kAgreed = 0,
-  kBadSizes = 1,       // stage 0: stage_sizes do not describe the model
-  kStageCount = 2,     // a rank counts another number of stages
-  kModuleCount = 3,    // a rank's model has another number of modules
-  kParameterCount = 4  // a module has another parameter count
+  kBadSizes = 1,        // stage 0: stage_sizes do not describe the model
+  kStageCount = 2,      // a rank counts another number of stages
+  kModuleCount = 3,     // a rank's model has another number of modules
+  kParameterCount = 4,  // a module has another parameter count
+  kSchedule = 5,        // a rank runs another schedule
+  kMicroBatches = 6,    // a rank cuts the batch into another number of micro-batches
+  kAveraging = 7        // a rank sets optimizer_averages_micro_batches otherwise
 };
 
 }  // namespace
@@ -191,16 +194,22 @@ struct Pipeline::Impl {
 
 // The first stage decides the partition and sends it, with every module's
 // parameter count, down the pipeline; each stage checks it against its own
-// model; the last stage sends the verdict back up. Message:
-// [verdict, at, a, b, stages, modules, sizes..., counts...].
+// model and its own step plan (schedule, micro-batches, who averages them:
+// stages that disagree there would deadlock or scale gradients unevenly);
+// the last stage sends the verdict back up. Message:
+// [verdict, at, a, b, stages, modules, schedule, micro_batches, averages,
+//  sizes..., counts...].
 void Pipeline::Impl::agree_on_partition(const torch::nn::Sequential& model) {
   const int p = stages();
   const int64_t n = static_cast<int64_t>(model->size());
   std::vector<int64_t> counts;
   for (const auto& child : model->children()) counts.push_back(parameter_count(*child));
+  constexpr int64_t kHeader = 9;
+  const int64_t schedule = static_cast<int64_t>(options.schedule);
+  const int64_t averages = options.optimizer_averages_micro_batches ? 1 : 0;
   std::vector<int64_t> message;
   if (first_stage()) {
-    message = {kAgreed, 0, 0, 0, p, n};
+    message = {kAgreed, 0, 0, 0, p, n, schedule, options.micro_batches, averages};
     std::vector<int64_t> decided;
     try {
       switch (options.balance) {
@@ -243,9 +252,24 @@ void Pipeline::Impl::agree_on_partition(const torch::nn::Sequential& model) {
         message[1] = stage;
         message[2] = message[5];
         message[3] = n;
+      } else if (message[6] != schedule) {
+        message[0] = kSchedule;
+        message[1] = stage;
+        message[2] = message[6];
+        message[3] = schedule;
+      } else if (message[7] != options.micro_batches) {
+        message[0] = kMicroBatches;
+        message[1] = stage;
+        message[2] = message[7];
+        message[3] = options.micro_batches;
+      } else if (message[8] != averages) {
+        message[0] = kAveraging;
+        message[1] = stage;
+        message[2] = message[8];
+        message[3] = averages;
       } else {
         for (int64_t i = 0; i < n; ++i) {
-          if (message[6 + p + i] != counts[i]) {
+          if (message[kHeader + p + i] != counts[i]) {
             message[0] = kParameterCount;
             message[1] = stage;
             message[2] = i;
@@ -267,7 +291,7 @@ void Pipeline::Impl::agree_on_partition(const torch::nn::Sequential& model) {
   if (!first_stage()) send(verdict, ranks[stage - 1], p2p(1));
   const int64_t* v = verdict.data_ptr<int64_t>();
   if (v[0] != kAgreed) fail(v[0], v[1], v[2], v[3]);
-  sizes.assign(message.begin() + 6, message.begin() + 6 + p);
+  sizes.assign(message.begin() + kHeader, message.begin() + kHeader + p);
   first = 0;
   for (int s = 0; s < stage; ++s) first += sizes[s];
 }
@@ -297,6 +321,21 @@ void Pipeline::Impl::fail(int64_t verdict, int64_t at, int64_t a, int64_t b) con
                           "'s model has " + std::to_string(b) +
                           " parameters, not as many as stage 0's; every stage must build the "
                           "same Sequential");
+    case kSchedule:
+      throw ContractError("kolo pipeline: stage 0 runs the " +
+                          std::string(pipeline_schedule_name(static_cast<PipelineSchedule>(a))) +
+                          " schedule, " + where + " runs " +
+                          pipeline_schedule_name(static_cast<PipelineSchedule>(b)) +
+                          "; every stage must pass the same PipelineOptions::schedule");
+    case kMicroBatches:
+      throw ContractError("kolo pipeline: stage 0 cuts each batch into " + std::to_string(a) +
+                          " micro-batches, " + where + " into " + std::to_string(b) +
+                          "; every stage must pass the same PipelineOptions::micro_batches");
+    case kAveraging:
+      throw ContractError("kolo pipeline: PipelineOptions::optimizer_averages_micro_batches is " +
+                          std::string(a ? "true" : "false") + " on stage 0 and " +
+                          (b ? "true" : "false") + " on " + where +
+                          "; every stage must scale its gradients the same way");
   }
   throw ContractError("kolo pipeline: the stages disagree (verdict " + std::to_string(verdict) +
                       ")");
@@ -430,6 +469,17 @@ torch::Tensor Pipeline::train_step(const torch::Tensor& inputs, const torch::Ten
     if (s.last_stage()) {
       const torch::Tensor target =
           targets.narrow(0, target_ranges[k].first, target_ranges[k].second);
+      if (out.dim() == 0 || out.size(0) != target.size(0)) {
+        // Stage 0 cut a batch of another size (a --batch that differs
+        // between the ranks): the loss would fail inside torch.
+        throw ContractError(
+            "kolo pipeline train_step: micro-batch " + std::to_string(k) + " of " +
+            std::to_string(m) + " reached the last stage with " +
+            std::to_string(out.dim() ? out.size(0) : 0) + " rows, its targets have " +
+            std::to_string(target.size(0)) + " (this stage's batch has " +
+            std::to_string(batch_rows) +
+            " rows); stage 0's inputs and the last stage's targets must have the same rows");
+      }
       torch::Tensor loss = loss_fn(out, target);
       loss_sum += loss.detach().to(torch::kDouble) *
                   (static_cast<double>(target_ranges[k].second) / batch_rows);

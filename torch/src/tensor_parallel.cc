@@ -7,6 +7,8 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
+#include <algorithm>
+
 #include "common.h"
 #include "kolo/core/errors.h"
 
@@ -136,6 +138,38 @@ void place_in_group(const TensorParallelOptions& options, const std::string& wha
   *size = position.size;
 }
 
+// The first forward of a layer of a group of `size`: every rank's full
+// dimensions must be the same (detail::ShapeAgreement), or every rank throws
+// naming each rank's (a layer built with other dimensions on one rank would
+// train on mismatched slices without an error). One small allgather, once.
+void agree_on_shape(const TensorParallelOptions& options, const std::string& what, int size,
+                    detail::ShapeAgreement& agreement) {
+  if (agreement.checked || size == 1) return;
+  CallOptions call;
+  call.engine = &engine_of(options, "kolo " + what);
+  call.process_set = options.process_set;
+  call.timeout = options.timeout;
+  const std::vector<std::string> shapes =
+      allgather_bytes(agreement.shape, options.name + "/shape", call);
+  if (!std::all_of(shapes.begin(), shapes.end(), [&](const auto& s) { return s == shapes[0]; })) {
+    std::string each;
+    for (size_t r = 0; r < shapes.size(); ++r) {
+      each += (r ? "; " : "") + std::string("rank ") + std::to_string(r) +
+              " of the group: " + shapes[r];
+    }
+    throw ContractError("kolo " + what + " '" + options.name +
+                        "': the ranks of its tensor-parallel group built it with different "
+                        "dimensions (" +
+                        each + "); build the same layer on every rank of the group");
+  }
+  agreement.checked = true;
+}
+
+std::string linear_shape(int64_t in_features, int64_t out_features, bool bias) {
+  return "in_features " + std::to_string(in_features) + ", out_features " +
+         std::to_string(out_features) + (bias ? ", bias" : ", no bias");
+}
+
 void check_split(int64_t n, int size, const std::string& what, const std::string& dimension) {
   if (n < size) {
     throw ContractError("kolo " + what + ": " + dimension + " = " + std::to_string(n) +
@@ -173,6 +207,8 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in_features, int64_t 
       out_features_(out_features),
       gather_output_(gather_output) {
   place_in_group(options, "ColumnParallelLinear", &rank_, &size_);
+  agreement_.shape =
+      linear_shape(in_features, out_features, bias) + (gather_output ? ", gather_output" : "");
   check_split(out_features, size_, "ColumnParallelLinear '" + options.name + "'", "out_features");
   shard_ = shard_of(out_features, rank_, size_);
   // The whole layer as torch initialises it, then this rank's rows.
@@ -208,6 +244,7 @@ torch::Tensor ColumnParallelLinearImpl::full_bias() {
 
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& input) {
   if (size_ == 1) return torch::nn::functional::linear(input, weight, bias);
+  agree_on_shape(options_, "ColumnParallelLinear", size_, agreement_);
   const Group group = group_of(options_);
   const torch::Tensor x = CopyToGroup::apply(input, group, options_.name + "/f");
   torch::Tensor y = torch::nn::functional::linear(x, weight, bias);
@@ -225,6 +262,8 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t in_features, int64_t out_fe
       out_features_(out_features),
       input_is_parallel_(input_is_parallel) {
   place_in_group(options, "RowParallelLinear", &rank_, &size_);
+  agreement_.shape = linear_shape(in_features, out_features, bias) +
+                     (input_is_parallel ? ", input_is_parallel" : "");
   check_split(in_features, size_, "RowParallelLinear '" + options.name + "'", "in_features");
   shard_ = shard_of(in_features, rank_, size_);
   torch::nn::Linear full(torch::nn::LinearOptions(in_features, out_features).bias(bias));
@@ -251,6 +290,7 @@ torch::Tensor RowParallelLinearImpl::full_weight() {
 
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& input) {
   if (size_ == 1) return torch::nn::functional::linear(input, weight, bias);
+  agree_on_shape(options_, "RowParallelLinear", size_, agreement_);
   const Group group = group_of(options_);
   torch::Tensor x = input;
   if (!input_is_parallel_) {
@@ -286,6 +326,8 @@ ParallelEmbeddingImpl::ParallelEmbeddingImpl(int64_t num_embeddings, int64_t emb
                                              const TensorParallelOptions& options)
     : options_(options), num_embeddings_(num_embeddings), dim_(embedding_dim) {
   place_in_group(options, "ParallelEmbedding", &rank_, &size_);
+  agreement_.shape = "num_embeddings " + std::to_string(num_embeddings) + ", embedding_dim " +
+                     std::to_string(embedding_dim);
   check_split(num_embeddings, size_, "ParallelEmbedding '" + options.name + "'", "num_embeddings");
   shard_ = shard_of(num_embeddings, rank_, size_);
   torch::nn::Embedding full(num_embeddings, embedding_dim);
@@ -310,6 +352,7 @@ torch::Tensor ParallelEmbeddingImpl::forward(const torch::Tensor& ids) {
                         "': ids must be int64 (torch::kLong)");
   }
   if (size_ == 1) return torch::nn::functional::embedding(ids, weight);
+  agree_on_shape(options_, "ParallelEmbedding", size_, agreement_);
   const torch::Tensor outside = (ids < shard_.start) | (ids >= shard_.start + shard_.size);
   const torch::Tensor local = (ids - shard_.start).masked_fill(outside, 0);
   torch::Tensor rows = torch::nn::functional::embedding(local, weight);

@@ -62,6 +62,18 @@ struct Shard {
 };
 Shard shard_of(int64_t n, int rank, int ranks);
 
+namespace detail {
+// A layer's full dimensions as text ("in_features 512, out_features 2048,
+// bias"), which every rank of its group must share: checked once,
+// collectively, at the layer's first forward (not in the constructor, which
+// ranks may run one at a time), where every rank of the group gets a
+// ContractError naming each rank's dimensions if they differ.
+struct ShapeAgreement {
+  std::string shape;
+  bool checked = false;
+};
+}  // namespace detail
+
 class ColumnParallelLinearImpl : public torch::nn::Module {
  public:
   // Collective over the group (learns this rank's place in it).
@@ -88,6 +100,7 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
   bool gather_output_;
   int rank_ = 0, size_ = 1;
   Shard shard_;
+  detail::ShapeAgreement agreement_;
 };
 TORCH_MODULE(ColumnParallelLinear);
 
@@ -114,6 +127,7 @@ class RowParallelLinearImpl : public torch::nn::Module {
   bool input_is_parallel_;
   int rank_ = 0, size_ = 1;
   Shard shard_;
+  detail::ShapeAgreement agreement_;
 };
 TORCH_MODULE(RowParallelLinear);
 
@@ -152,6 +166,7 @@ class ParallelEmbeddingImpl : public torch::nn::Module {
   int64_t num_embeddings_, dim_;
   int rank_ = 0, size_ = 1;
   Shard shard_;
+  detail::ShapeAgreement agreement_;
 };
 TORCH_MODULE(ParallelEmbedding);
 
