@@ -26,7 +26,14 @@ int64_t generation = 0;       // guarded by the GIL
 }  // namespace
 
 std::string request_name(const py::object& name, const char* op) {
-  if (!name.is_none()) return name.cast<std::string>();
+  if (!name.is_none()) {
+    if (!py::isinstance<py::str>(name)) {
+      throw ContractError(std::string("kolo.torch.") + op + ": name must be a str (or None), got " +
+                          std::string(py::str(py::type::of(name).attr("__name__"))) + " " +
+                          std::string(py::repr(name)));
+    }
+    return name.cast<std::string>();
+  }
   return std::string(op) + ".noname." + std::to_string(noname_requests++);
 }
 

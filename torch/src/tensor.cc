@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <utility>
 
@@ -108,8 +110,60 @@ void check_name(const std::string& name, const std::string& op) {
 
 // Keeps `tensors` alive until the request finished (the callback and what it
 // captured are released by the engine right after running it).
+// The storages of tensors that requests in flight read or write. The engine
+// holds raw pointers into them until the request completes, so while one is
+// pinned its memory must stay where it is: a pinned storage is made
+// non-resizable (a resize_ that would grow it, reallocating, raises torch's
+// "Trying to resize storage that is not resizable" instead of freeing memory
+// the engine is about to use), and the request holds a reference to it (a
+// set_ that gives the tensor another storage leaves this one alive). Counted
+// per storage, so that overlapping requests on views of one buffer restore
+// the flag only when the last of them completes. Process-wide, as storages
+// are.
+class StoragePins {
+ public:
+  static StoragePins& instance() {
+    static StoragePins pins;
+    return pins;
+  }
+  void pin(const c10::Storage& storage) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Pin& p = pins_[storage.unsafeGetStorageImpl()];
+    if (p.count++ == 0) {
+      p.was_resizable = storage.resizable();
+      storage.unsafeGetStorageImpl()->set_resizable(false);
+    }
+  }
+  void unpin(const c10::Storage& storage) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = pins_.find(storage.unsafeGetStorageImpl());
+    if (it == pins_.end() || --it->second.count > 0) return;
+    storage.unsafeGetStorageImpl()->set_resizable(it->second.was_resizable);
+    pins_.erase(it);
+  }
+
+ private:
+  struct Pin {
+    int count = 0;
+    bool was_resizable = true;
+  };
+  std::mutex mutex_;
+  std::map<const c10::StorageImpl*, Pin> pins_;
+};
+
+// Keeps `tensors` and their storages alive and pinned (StoragePins) until
+// `handle` completes.
 void keep_alive(const Handle& handle, std::vector<torch::Tensor> tensors) {
-  handle.on_complete([tensors = std::move(tensors)](std::exception_ptr) {});
+  std::vector<c10::Storage> storages;
+  for (const torch::Tensor& t : tensors) {
+    if (!t.defined() || !t.has_storage()) continue;
+    storages.push_back(t.storage());
+    StoragePins::instance().pin(storages.back());
+  }
+  handle.on_complete(
+      [tensors = std::move(tensors), storages = std::move(storages)](std::exception_ptr) {
+        for (const c10::Storage& storage : storages) StoragePins::instance().unpin(storage);
+      });
 }
 
 // An AllocateOutput that creates a torch tensor of the input's dtype in `slot`.
@@ -198,12 +252,23 @@ TensorView tensor_view(const torch::Tensor& tensor, const std::string& op,
 // --- TensorHandle -----------------------------------------------------------
 
 TensorHandle::TensorHandle(Handle handle, std::shared_ptr<torch::Tensor> result)
-    : handle_(std::move(handle)), result_(std::move(result)) {}
+    : handle_(std::move(handle)), result_(std::move(result)) {
+  if (result_ && result_->defined() && result_->has_storage()) {
+    result_storage_ = result_->storage().unsafeGetStorageImpl();
+  }
+}
 
 bool TensorHandle::poll() const { return handle_.poll(); }
 
 torch::Tensor TensorHandle::wait(std::chrono::milliseconds timeout) const {
   handle_.wait(timeout);
+  if (result_storage_ != nullptr &&
+      (!result_->has_storage() || result_->storage().unsafeGetStorageImpl() != result_storage_)) {
+    throw ContractError(
+        "kolo: the tensor of an in-place request was given another storage (set_) while the "
+        "request ran; the result went to the storage it had when it was submitted. Leave a "
+        "tensor alone until its request is waited for");
+  }
   return result_ ? *result_ : torch::Tensor();
 }
 

@@ -187,7 +187,14 @@ def _check_tensor(tensor, op):
 
 def poll(handle):
     """True once the asynchronous operation behind `handle` finished (never blocks)."""
+    _check_handle(handle, "poll")
     return handle.poll()
+
+
+def _check_handle(handle, call):
+    if not isinstance(handle, _kolo.Handle):
+        raise ContractError(f"kolo.torch.{call}: expected the handle an *_async call returned, "
+                            f"got {type(handle).__name__} {handle!r}")
 
 
 def synchronize(handle):
@@ -199,6 +206,7 @@ def synchronize(handle):
     kolo.RuntimeFault (= HorovodInternalError: a peer died, a timeout). A
     handle already synchronized returns None, as in Horovod.
     """
+    _check_handle(handle, "synchronize")
     return handle.wait()
 
 

@@ -74,8 +74,12 @@ def test_allgather_trailing_shape_mismatch(world):
     (lambda w: w.reducescatter(torch.ones(())), "0-dimensional"),
     (lambda w: w.alltoall(torch.ones(w.size() + 1)), "divide|split"),
     (lambda w: w.init(comm=[0]), "comm is not supported"),
+    (lambda w: w.allreduce(torch.ones(3), name=123), "name must be a str"),
+    (lambda w: w.synchronize(None), "expected the handle"),
+    (lambda w: w.poll("handle"), "expected the handle"),
 ], ids=["non_contiguous", "bool", "adasum", "bad_op", "op_and_average", "not_a_tensor",
-        "unknown_set", "root_out_of_range", "reducescatter_0d", "alltoall_uneven", "comm"])
+        "unknown_set", "root_out_of_range", "reducescatter_0d", "alltoall_uneven", "comm",
+        "name_not_str", "synchronize_none", "poll_not_a_handle"])
 def test_bad_arguments_raise_contract_error_on_every_rank(world, call, match):
     with pytest.raises(kolo.ContractError, match=match):
         call(world)
@@ -124,3 +128,41 @@ def test_a_wait_that_times_out_raises_timeout_error_and_the_request_goes_on(worl
         world.barrier()
         handle = hvd.allreduce_async(torch.ones(2), name="late", op=hvd.Sum)
     assert torch.equal(hvd.synchronize(handle), torch.full((2,), float(world.size())))
+
+
+def test_resize_or_set_during_an_async_request_raises_instead_of_crashing(world):
+    """allreduce_async_ hands the engine the tensor's memory until synchronize.
+    A resize_ that would move it raises (the storage is pinned) and a set_
+    that swaps it leaves the request's memory alive and fails synchronize
+    naming what happened; before, either freed the memory under the engine
+    (SIGSEGV). Rank 0 holds the request back behind a barrier so that the
+    tensor is surely in flight when it is touched."""
+    me = world.rank()
+    n = 1 << 16
+    x = torch.ones(n)
+    if me == 0:
+        handle = hvd.allreduce_async_(x, name="pinned.resize", op=hvd.Sum)
+        with pytest.raises(RuntimeError, match="not resizable"):
+            x.resize_(4 * n)
+        # torch has set the new sizes before its storage refused to grow;
+        # the memory is intact, so shrinking back (no reallocation) works.
+        x.resize_(n)
+        world.barrier()
+    else:
+        world.barrier()
+        handle = hvd.allreduce_async_(x, name="pinned.resize", op=hvd.Sum)
+    out = hvd.synchronize(handle)
+    assert torch.equal(out, torch.full((n,), float(world.size())))
+    x.resize_(4 * n)  # unpinned once the request completed
+
+    y = torch.ones(n)
+    if me == 0:
+        handle = hvd.allreduce_async_(y, name="pinned.set", op=hvd.Sum)
+        y.set_(torch.zeros(8))
+        world.barrier()
+        with pytest.raises(kolo.ContractError, match="given another storage"):
+            hvd.synchronize(handle)
+    else:
+        world.barrier()
+        hvd.synchronize(hvd.allreduce_async_(y, name="pinned.set", op=hvd.Sum))
+    expect_next_call_works(world)

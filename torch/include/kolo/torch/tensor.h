@@ -85,6 +85,9 @@ class TensorHandle {
  private:
   Handle handle_;
   std::shared_ptr<torch::Tensor> result_;
+  // The storage the result tensor had at submission (in-place forms): wait()
+  // refuses a result whose tensor was given another one meanwhile.
+  const void* result_storage_ = nullptr;
 };
 
 // --- Allreduce --------------------------------------------------------------
