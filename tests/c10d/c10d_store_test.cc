@@ -17,9 +17,13 @@
 #include <torch/optim/sgd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <string>
+#include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <vector>
 
 #include "forked_ranks.h"
 #include "kolo/core/errors.h"
@@ -215,6 +219,97 @@ TEST(C10dStore, WaitTimesOutNamingTheMissingKeys) {
     EXPECT_NE(message.find("absent"), std::string::npos) << message;
     EXPECT_EQ(message.find("counter"), std::string::npos) << message;
   }
+}
+
+// A TCP server that is not a c10d store: it accepts one connection, then
+// either sends `reply` over and over or (empty) reads and never answers.
+class FakeStoreServer {
+ public:
+  explicit FakeStoreServer(std::string reply) : reply_(std::move(reply)) {
+    listener_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = 0;
+    EXPECT_EQ(bind(listener_, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+    EXPECT_EQ(listen(listener_, 8), 0);
+    socklen_t length = sizeof address;
+    getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &length);
+    port_ = ntohs(address.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~FakeStoreServer() {
+    stop_ = true;
+    shutdown(listener_, SHUT_RDWR);
+    close(listener_);
+    thread_.join();
+  }
+  int port() const { return port_; }
+
+ private:
+  void serve() {
+    std::vector<int> clients;
+    while (!stop_) {
+      const int client = accept(listener_, nullptr, nullptr);
+      if (client < 0) break;
+      clients.push_back(client);
+      if (reply_.empty()) continue;  // holds the connection, answers nothing
+      char buffer[4096];
+      timeval short_wait{0, 100000};
+      setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &short_wait, sizeof short_wait);
+      for (int i = 0; i < 50 && !stop_; ++i) {
+        (void)!recv(client, buffer, sizeof buffer, 0);
+        if (send(client, reply_.data(), reply_.size(), MSG_NOSIGNAL) < 0) break;
+      }
+    }
+    for (int client : clients) close(client);
+  }
+
+  std::string reply_;
+  int listener_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Every store operation either works or throws kolo's error: `work` must
+// throw RuntimeFault (TimeoutError is one), within `limit`.
+void expect_a_fault_within(const std::function<void()>& work, milliseconds limit,
+                           const std::string& what) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    work();
+    ADD_FAILURE() << what << ": no error";
+  } catch (const RuntimeFault& e) {
+    EXPECT_NE(std::string(e.what()).find("c10d store"), std::string::npos) << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << what << ": not a kolo::RuntimeFault: " << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, limit) << what;
+}
+
+// A server that answers garbage (huge lengths, wrong types) fails the store
+// with kolo's RuntimeFault on every operation, never an uncaught
+// std::length_error; one that accepts and never answers fails it after the
+// store's timeout, never blocks forever.
+TEST(C10dStore, AServerThatIsNotAStoreFailsWithinTheTimeout) {
+  for (const std::string& reply : {std::string(64, '\xff'), std::string("garbage\n")}) {
+    FakeStoreServer server(reply);
+    expect_a_fault_within(
+        [&] {
+          auto store = connect_c10d_store("127.0.0.1", server.port(), seconds(2));
+          store->add("counter", 1);
+          store->get("counter", seconds(1));
+        },
+        seconds(20), "garbage");
+  }
+  FakeStoreServer silent("");
+  expect_a_fault_within(
+      [&] {
+        auto store = connect_c10d_store("127.0.0.1", silent.port(), seconds(2));
+        store->add("counter", 1);
+      },
+      seconds(20), "silent");
 }
 
 }  // namespace

@@ -2,6 +2,12 @@
 #include "kolo/torch/c10d_store.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <utility>
@@ -23,44 +29,139 @@ std::string first_line(const std::exception& e) {
   return text.substr(0, text.find('\n'));
 }
 
+// Runs the client's calls one at a time on a thread of its own, each bounded
+// by a timeout. libtorch's client has no timeout on its receives: against a
+// server that accepts and never answers (not a c10d store, a stopped
+// process), its constructor's ping and every request would block forever.
+// A call that runs past its timeout is a TimeoutError; the connection's state
+// is unknown afterwards, so every later call is a RuntimeFault, and the
+// thread stuck in it is left to end with the connection (detached, holding
+// the client).
+class BoundedCalls {
+ public:
+  BoundedCalls() : shared_(std::make_shared<Shared>()) {
+    std::thread([shared = shared_] { shared->serve(); }).swap(thread_);
+  }
+  ~BoundedCalls() {
+    {
+      std::lock_guard<std::mutex> lock(shared_->mutex);
+      shared_->stop = true;
+    }
+    shared_->wake.notify_all();
+    if (shared_->stuck) {
+      thread_.detach();
+    } else {
+      thread_.join();
+    }
+  }
+  BoundedCalls(const BoundedCalls&) = delete;
+  BoundedCalls& operator=(const BoundedCalls&) = delete;
+
+  // Runs `call` on the thread; rethrows what it throws; TimeoutError naming
+  // `what` and `address` when it takes longer than `timeout`.
+  void run(const std::function<void()>& call, milliseconds timeout, const std::string& what,
+           const std::string& address) {
+    std::unique_lock<std::mutex> lock(shared_->mutex);
+    if (shared_->stuck) {
+      throw RuntimeFault("kolo: the c10d store at " + address +
+                         " did not answer an earlier request in time (" + shared_->stuck_on +
+                         "), so its connection cannot be used any more");
+    }
+    shared_->call = call;
+    shared_->error = nullptr;
+    shared_->done = false;
+    shared_->wake.notify_all();
+    if (!shared_->finished.wait_for(lock, timeout, [&] { return shared_->done; })) {
+      shared_->stuck = true;
+      shared_->stuck_on = what;
+      throw TimeoutError("kolo: the c10d store at " + address + " did not answer " + what +
+                         " within " + std::to_string(timeout.count()) +
+                         " ms (KOLO_TIMEOUT_SECONDS): the server accepted the connection but "
+                         "does not reply; is it a c10d TCPStore (torchrun's agent store at "
+                         "MASTER_ADDR:MASTER_PORT), and is it running?");
+    }
+    if (shared_->error) std::rethrow_exception(shared_->error);
+  }
+
+ private:
+  struct Shared {
+    std::mutex mutex;
+    std::condition_variable wake, finished;
+    std::function<void()> call;  // pending when set
+    std::exception_ptr error;
+    bool done = false, stop = false, stuck = false;
+    std::string stuck_on;
+
+    void serve() {
+      std::unique_lock<std::mutex> lock(mutex);
+      for (;;) {
+        wake.wait(lock, [&] { return stop || call; });
+        if (!call) return;  // stopped with nothing to do
+        std::function<void()> mine = std::move(call);
+        call = nullptr;
+        lock.unlock();
+        std::exception_ptr caught;
+        try {
+          mine();
+        } catch (...) {
+          caught = std::current_exception();
+        }
+        lock.lock();
+        error = caught;
+        done = true;
+        finished.notify_all();
+        if (stuck) return;  // the caller gave up on this call and on the connection
+      }
+    }
+  };
+  std::shared_ptr<Shared> shared_;
+  std::thread thread_;
+};
+
 class C10dStore : public Store {
  public:
   C10dStore(const std::string& host, int port, milliseconds timeout)
-      : address_(host + ":" + std::to_string(port)) {
+      : address_(host + ":" + std::to_string(port)), timeout_(timeout) {
     c10d::TCPStoreOptions options;
     options.port = static_cast<std::uint16_t>(port);
     options.isServer = false;
     options.waitWorkers = false;  // the launcher's store counts no workers of ours
     options.timeout = timeout;
+    auto client = std::make_shared<std::unique_ptr<c10d::TCPStore>>();
     try {
-      client_ = std::make_unique<c10d::TCPStore>(host, options);
+      // libtorch retries the connection within `timeout`; the ping after
+      // it may block: bounded by a second timeout.
+      calls_.run(
+          [host, options, client] { *client = std::make_unique<c10d::TCPStore>(host, options); },
+          2 * timeout, "the connection's first ping", address_);
+    } catch (const TimeoutError&) {
+      throw;
     } catch (const std::exception& e) {
       throw RuntimeFault("kolo: cannot reach the c10d store at " + address_ + " within " +
                          std::to_string(timeout.count()) + " ms: " + first_line(e));
     }
+    client_ = std::move(client);
   }
 
   void set(const std::string& key, const Bytes& value) override {
-    call([&] { client_->set(key, value); });
+    call<bool>("set('" + key + "')", [key, value](c10d::TCPStore& c) {
+      c.set(key, value);
+      return true;
+    });
   }
 
   Bytes get(const std::string& key, milliseconds timeout) override {
     wait({key}, timeout);
-    Bytes value;
-    call([&] { value = client_->get(key); });
-    return value;
+    return call<Bytes>("get('" + key + "')", [key](c10d::TCPStore& c) { return c.get(key); });
   }
 
   int64_t add(const std::string& key, int64_t delta) override {
-    int64_t value = 0;
-    call([&] { value = client_->add(key, delta); });
-    return value;
+    return call<int64_t>("add('" + key + "')",
+                         [key, delta](c10d::TCPStore& c) { return c.add(key, delta); });
   }
 
   bool check(const std::vector<std::string>& keys) override {
-    bool present = false;
-    call([&] { present = client_->check(keys); });
-    return present;
+    return call<bool>("check", [keys](c10d::TCPStore& c) { return c.check(keys); });
   }
 
   // Polls (1 ms growing to 50 ms) rather than calling c10d's blocking wait,
@@ -84,25 +185,37 @@ class C10dStore : public Store {
   }
 
   bool erase(const std::string& key) override {
-    bool existed = false;
-    call([&] { existed = client_->deleteKey(key); });
-    return existed;
+    return call<bool>("erase('" + key + "')",
+                      [key](c10d::TCPStore& c) { return c.deleteKey(key); });
   }
 
  private:
-  template <typename F>
-  void call(F&& operation) {
+  // One request, bounded by the store's timeout; libtorch's exceptions (a
+  // reply it cannot parse, a closed connection) become RuntimeFault.
+  // `operation` owns copies of its arguments and the result lives on the
+  // heap: a call left stuck on the thread touches nothing of this frame
+  // when (if ever) it returns.
+  template <typename R, typename F>
+  R call(const std::string& what, F operation) {
+    auto result = std::make_shared<std::optional<R>>();
     try {
-      operation();
+      calls_.run([result, client = client_, operation] { result->emplace(operation(**client)); },
+                 timeout_, what, address_);
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw RuntimeFault("kolo: the c10d store at " + address_ + " failed: " + first_line(e));
+      throw RuntimeFault("kolo: the c10d store at " + address_ + " failed in " + what + ": " +
+                         first_line(e));
     }
+    return std::move(**result);
   }
 
   const std::string address_;
-  std::unique_ptr<c10d::TCPStore> client_;  // thread-safe: one request at a time
+  const milliseconds timeout_;  // per request
+  // Declared before the client: destroyed after it (a detached stuck thread
+  // keeps its own reference to the client).
+  BoundedCalls calls_;
+  std::shared_ptr<std::unique_ptr<c10d::TCPStore>> client_;
 };
 
 }  // namespace
