@@ -44,8 +44,11 @@ int parse_whole(const std::string& flag, const std::string& text, long min_value
   return static_cast<int>(value);
 }
 
-int parse_count(const std::string& flag, const std::string& text, const std::string& example) {
-  return parse_whole(flag, text, 1, "workers", example);
+// A count of processes >= 1: `what` names them in the error ("workers",
+// "parameter servers").
+int parse_count(const std::string& flag, const std::string& text, const std::string& example,
+                const std::string& what = "workers") {
+  return parse_whole(flag, text, 1, what, example);
 }
 
 // Seconds in [min_seconds, kMaxSeconds] (0 allowed when allow_zero).
@@ -263,7 +266,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
 
   if (!np_text.empty()) o.np = parse_count("-np", np_text, "-np 2");
   if (!servers_text.empty()) {
-    o.servers = parse_count("--servers", servers_text, "--servers 1");
+    o.servers = parse_count("--servers", servers_text, "--servers 1", "parameter servers");
     if (!o.np) {
       throw UsageError("--servers " + servers_text +
                        " needs -np: say how many workers to start besides the servers, e.g. "

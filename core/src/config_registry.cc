@@ -89,7 +89,8 @@ const std::vector<ConfigVar>& config_registry() {
        "Spinning "
        "longer lowers latency but steals the core of an oversubscribed peer."},
       {"KOLO_SHM_CHUNK_BYTES", ConfigType::kInt, "262144", "",
-       "shm: bytes per pipeline chunk of large collectives (sized to stay in cache)."},
+       "shm: bytes per pipeline chunk of large collectives (sized to stay in cache) (>= 4096, <= "
+       "1073741824)."},
       {"KOLO_HIERARCHICAL", ConfigType::kChoice, "auto", "auto|on|off",
        "Hierarchical collectives: shm within each host composed with gloo or mpi across hosts "
        "(reduce-scatter in the host, one cross-host ring per local rank, allgather in the host). "
@@ -102,7 +103,7 @@ const std::vector<ConfigVar>& config_registry() {
       // --- Engine (asynchronous named collectives) ---
       {"KOLO_CYCLE_TIME_MS", ConfigType::kDouble, "1", "",
        "Engine: milliseconds between negotiation cycles of the background thread (>= 0, <= "
-       "1000000); 0 = no sleep, lowest latency. Longer cycles collect more tensors per fused "
+       "1000); 0 = no sleep, lowest latency. Longer cycles collect more tensors per fused "
        "collective."},
       {"KOLO_FUSION_THRESHOLD_BYTES", ConfigType::kInt, "67108864", "",
        "Engine: largest fused collective in bytes; ready tensors of one dtype and op are packed "

@@ -129,6 +129,8 @@ TEST(LauncherOptions, BadArgumentsGiveOneLineNamingTheArgument) {
   };
   const std::vector<Case> cases = {
       {{"-np", "0", "prog"}, "-np 0: the number of workers must be at least 1"},
+      {{"-np", "2", "--servers", "0", "prog"},
+       "--servers 0: the number of parameter servers must be at least 1"},
       {{"-np", "-3", "prog"}, "-np -3"},
       {{"-np", "two", "prog"}, "-np 'two': expected a whole number"},
       {{"prog"}, "-np is missing"},
