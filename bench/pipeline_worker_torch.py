@@ -40,6 +40,13 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
+
+def emit(row):
+    """One JSON line in a single write(2): the ranks share torchrun's (or
+    kolorun's) stdout, and a line written in pieces could interleave with
+    another rank's, which the driver could then not parse."""
+    os.write(1, (json.dumps(row) + "\n").encode())
+
 def build_stage_module(args, stage, stages):
     torch.manual_seed(42)  # the whole model from one seed on every rank, then this stage's part
     blocks = [nn.Sequential(nn.Linear(args.hidden, args.ffn), nn.GELU(),
@@ -83,10 +90,10 @@ def main():
             try:
                 schedule = SCHEDULES[name](pipe_stage, n_microbatches=m, loss_fn=F.mse_loss)
             except ValueError as e:  # e.g. its 1F1B needs m >= stages
-                print(json.dumps({"system": "torch", "schedule": name, "micro_batches": m,
+                emit({"system": "torch", "schedule": name, "micro_batches": m,
                                   "stages": stages, "stage": stage, "batch": args.batch,
                                   "timed_steps": 0, "step_seconds": None,
-                                  "unsupported": str(e)}), flush=True)
+                                  "unsupported": str(e)})
                 continue
             seconds = 0.0
             for i in range(args.warmup_steps + args.steps):
@@ -101,10 +108,10 @@ def main():
                 if i >= args.warmup_steps:
                     seconds += time.perf_counter() - start
                 optimizer.step()
-            print(json.dumps({"system": "torch", "schedule": name, "micro_batches": m,
+            emit({"system": "torch", "schedule": name, "micro_batches": m,
                               "stages": stages, "stage": stage, "batch": args.batch,
                               "timed_steps": args.steps,
-                              "step_seconds": seconds / args.steps}), flush=True)
+                              "step_seconds": seconds / args.steps})
     dist.barrier()
     dist.destroy_process_group()
 

@@ -63,6 +63,13 @@ class Mlp(nn.Module):
         return self.fc3(x)
 
 
+
+def emit(row):
+    """One JSON line in a single write(2): the ranks share torchrun's (or
+    kolorun's) stdout, and a line written in pieces could interleave with
+    another rank's, which the driver could then not parse."""
+    os.write(1, (json.dumps(row) + "\n").encode())
+
 def load(args):
     if args.synthetic:
         torch.manual_seed(7)
@@ -136,9 +143,9 @@ def main():
     for _ in range(args.steps):
         train_step()
     elapsed = time.perf_counter() - start
-    print(json.dumps({"rank": rank, "world": world, "threads": args.threads, "batch": batch,
+    emit({"rank": rank, "world": world, "threads": args.threads, "batch": batch,
                       "images_per_sec": args.steps * batch / elapsed,
-                      "step_ms": 1000.0 * elapsed / args.steps}), flush=True)
+                      "step_ms": 1000.0 * elapsed / args.steps})
     if args.system == "ddp" and world > 1:
         dist.barrier()
         dist.destroy_process_group()

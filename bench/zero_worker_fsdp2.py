@@ -39,6 +39,13 @@ from torch.distributed.fsdp import fully_shard  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
 
+
+def emit(row):
+    """One JSON line in a single write(2): the ranks share torchrun's (or
+    kolorun's) stdout, and a line written in pieces could interleave with
+    another rank's, which the driver could then not parse."""
+    os.write(1, (json.dumps(row) + "\n").encode())
+
 def status_bytes(field):
     """A field of /proc/self/status (VmHWM, VmRSS) in bytes."""
     with open("/proc/self/status") as f:
@@ -102,6 +109,7 @@ def main():
     # The first Linear's input needs no gradient: its backward hook then
     # fires on the output's gradient, which is all the sample needs.
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module")  # the root returns a view
     for layer in layers:
         layer.register_forward_hook(sample)
         layer.register_full_backward_hook(sample)
@@ -129,14 +137,14 @@ def main():
     grads = sum(local_bytes(p.grad) for p in model.parameters())
     state = sum(local_bytes(v) for s in optimizer.state.values() for v in s.values()
                 if torch.is_tensor(v) and v.dim() > 0)
-    print(json.dumps({
+    emit({
         "rank": rank, "world_size": world, "mode": "fsdp2", "prefetch": True,
         "step_ms": step_ms,
         "param_bytes": params, "grad_bytes": grads, "optimizer_state_bytes": state,
         "peak_param_bytes": peak_params[0], "peak_grad_bytes": grads,
         "peak_total_bytes": peak_params[0] + grads + state,
         "largest_unit_bytes": max(full_unit_bytes),
-        "peak_rss_bytes": status_bytes("VmHWM"), "start_rss_bytes": start_rss}), flush=True)
+        "peak_rss_bytes": status_bytes("VmHWM"), "start_rss_bytes": start_rss})
     dist.barrier()
     dist.destroy_process_group()
 
