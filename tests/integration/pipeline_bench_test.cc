@@ -79,7 +79,8 @@ TEST(PipelineBench, JsonRowsCoverEverySchedulePartAndLayout) {
       } else {
         EXPECT_GT(row.at("torch_samples_per_sec").get<double>(), 0.0) << line;
       }
-      against_torch.insert({row.at("schedule"), row.at("micro_batches")});
+      against_torch.insert(
+          {row.at("schedule").get<std::string>(), row.at("micro_batches").get<int>()});
     } else {
       ADD_FAILURE() << "unknown table: " << line;
     }
