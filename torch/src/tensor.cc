@@ -108,8 +108,6 @@ void check_name(const std::string& name, const std::string& op) {
   }
 }
 
-// Keeps `tensors` alive until the request finished (the callback and what it
-// captured are released by the engine right after running it).
 // The storages of tensors that requests in flight read or write. The engine
 // holds raw pointers into them until the request completes, so while one is
 // pinned its memory must stay where it is: a pinned storage is made
@@ -152,11 +150,18 @@ class StoragePins {
 };
 
 // Keeps `tensors` and their storages alive and pinned (StoragePins) until
-// `handle` completes.
+// `handle` completes (the callback and what it captured are released by the
+// engine right after running it). An in-place request hands its tensor in
+// twice (input and output): each storage is pinned once per request.
 void keep_alive(const Handle& handle, std::vector<torch::Tensor> tensors) {
   std::vector<c10::Storage> storages;
   for (const torch::Tensor& t : tensors) {
     if (!t.defined() || !t.has_storage()) continue;
+    const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+    const bool seen = std::any_of(storages.begin(), storages.end(), [&](const c10::Storage& s) {
+      return s.unsafeGetStorageImpl() == impl;
+    });
+    if (seen) continue;
     storages.push_back(t.storage());
     StoragePins::instance().pin(storages.back());
   }
