@@ -8,8 +8,9 @@ namespace kolo {
 
 namespace {
 
-constexpr DType kAllDTypes[kNumDTypes] = {DType::kU8,  DType::kI8,   DType::kI32, DType::kI64,
-                                          DType::kF16, DType::kBF16, DType::kF32, DType::kF64};
+constexpr DType kAllDTypes[kNumDTypes] = {DType::kU8,   DType::kI8,  DType::kI16,
+                                          DType::kI32,  DType::kI64, DType::kF16,
+                                          DType::kBF16, DType::kF32, DType::kF64};
 constexpr ReduceOp kAllOps[kNumReduceOps] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin,
                                              ReduceOp::kMax, ReduceOp::kProduct};
 
@@ -25,6 +26,7 @@ size_t dtype_size(DType dtype) {
     case DType::kU8:
     case DType::kI8:
       return 1;
+    case DType::kI16:
     case DType::kF16:
     case DType::kBF16:
       return 2;
@@ -44,6 +46,8 @@ const char* dtype_name(DType dtype) {
       return "u8";
     case DType::kI8:
       return "i8";
+    case DType::kI16:
+      return "i16";
     case DType::kI32:
       return "i32";
     case DType::kI64:
@@ -85,6 +89,7 @@ bool is_floating(DType dtype) {
       return true;
     case DType::kU8:
     case DType::kI8:
+    case DType::kI16:
     case DType::kI32:
     case DType::kI64:
       return false;

@@ -11,10 +11,11 @@
 // Integer semantics (documented in reduce.h and dtype.h):
 //  - unscaled (prescale == postscale == 1, op != average): accumulate in the
 //    element type, sum and product wrap modulo 2^bits (two's complement);
-//  - otherwise: every value is taken to double, prescaled, reduced in double
-//    in rank order, divided by the divisor (average) and multiplied by the
-//    postscale, then rounded to nearest with ties away from zero and saturated
-//    to the type's range (NaN stores 0).
+//  - otherwise: every value is taken to double, prescaled and truncated toward
+//    zero (saturating to the type's range, as storing it back would), reduced
+//    in double in rank order, multiplied by the postscale and divided by the
+//    divisor (average), then truncated toward zero and saturated to the
+//    type's range (NaN stores 0). This is Horovod's integer semantics.
 #include "reduce.h"
 
 #include <cmath>
@@ -44,6 +45,7 @@ struct PlainCodec {  // f32, f64 and unscaled integers: accumulate in T
   using Storage = T;
   using Acc = T;
   static KOLO_INLINE Acc load(Storage v) { return v; }
+  static KOLO_INLINE Acc prescaled(Storage v, Acc prescale) { return load(v) * prescale; }
   static KOLO_INLINE Storage store(Acc v) { return v; }
 };
 
@@ -51,6 +53,7 @@ struct F16Codec {
   using Storage = uint16_t;
   using Acc = float;
   static KOLO_INLINE Acc load(Storage v) { return half_to_float_inline(v); }
+  static KOLO_INLINE Acc prescaled(Storage v, Acc prescale) { return load(v) * prescale; }
   static KOLO_INLINE Storage store(Acc v) { return float_to_half_inline(v); }
 };
 
@@ -58,6 +61,7 @@ struct BF16Codec {
   using Storage = uint16_t;
   using Acc = float;
   static KOLO_INLINE Acc load(Storage v) { return bf16_to_float_inline(v); }
+  static KOLO_INLINE Acc prescaled(Storage v, Acc prescale) { return load(v) * prescale; }
   static KOLO_INLINE Storage store(Acc v) { return float_to_bf16_inline(v); }
 };
 
@@ -66,7 +70,10 @@ struct ScaledIntCodec {  // integers with a scale or average: accumulate in doub
   using Storage = T;
   using Acc = double;
   static KOLO_INLINE Acc load(Storage v) { return static_cast<double>(v); }
-  static KOLO_INLINE Storage store(Acc v) { return round_saturate<T>(v); }
+  static KOLO_INLINE Acc prescaled(Storage v, Acc prescale) {
+    return prescale_integer<T>(load(v), prescale);
+  }
+  static KOLO_INLINE Storage store(Acc v) { return truncate_saturate<T>(v); }
 };
 
 // ---- Operations on the accumulation type ------------------------------------
@@ -141,10 +148,10 @@ KOLO_INLINE void reduce_kernel(void* out_raw, const void* const* inputs, int n, 
     const S* in0 = static_cast<const S*>(inputs[0]) + base;
     if constexpr (kScaled) {
       const A pre = scales.prescale;
-      for (size_t i = 0; i < len; ++i) acc[i] = Codec::load(in0[i]) * pre;
+      for (size_t i = 0; i < len; ++i) acc[i] = Codec::prescaled(in0[i], pre);
       for (int k = 1; k < n; ++k) {
         const S* in = static_cast<const S*>(inputs[k]) + base;
-        for (size_t i = 0; i < len; ++i) acc[i] = Op::apply(acc[i], Codec::load(in[i]) * pre);
+        for (size_t i = 0; i < len; ++i) acc[i] = Op::apply(acc[i], Codec::prescaled(in[i], pre));
       }
       if constexpr (std::is_integral_v<S>) {
         // Double path of integers: (postscale * R) / divisor, as reduce.h states.
@@ -238,6 +245,7 @@ KOLO_INLINE void dispatch_int(const Call& c) {
 // width of the hot loops over the x86-64 baseline (SSE2).
 KOLO_HOT_KERNEL void reduce_u8(const Call& c) { dispatch_int<uint8_t>(c); }
 KOLO_HOT_KERNEL void reduce_i8(const Call& c) { dispatch_int<int8_t>(c); }
+KOLO_HOT_KERNEL void reduce_i16(const Call& c) { dispatch_int<int16_t>(c); }
 KOLO_HOT_KERNEL void reduce_i32(const Call& c) { dispatch_int<int32_t>(c); }
 KOLO_HOT_KERNEL void reduce_i64(const Call& c) { dispatch_int<int64_t>(c); }
 KOLO_HOT_KERNEL void reduce_f16_portable(const Call& c) { dispatch_float<F16Codec>(c); }
@@ -323,6 +331,8 @@ void run(const Call& c, DType dtype) {
       return reduce_u8(c);
     case DType::kI8:
       return reduce_i8(c);
+    case DType::kI16:
+      return reduce_i16(c);
     case DType::kI32:
       return reduce_i32(c);
     case DType::kI64:

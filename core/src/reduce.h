@@ -5,8 +5,9 @@
 // where R is sum, min, max or product, and average is sum / n.
 // f16/bf16 accumulate in f32, f32 in f32, f64 in f64; integers accumulate in
 // their own type (wrapping) unless a scale or average applies, in which case
-// the final value is computed in double and rounded to nearest, ties away
-// from zero (saturating to the type's range).
+// each prescaled input and the final value are truncated toward zero and
+// saturated to the type's range, the reduction running in double (Horovod's
+// integer semantics; dtype.h).
 #pragma once
 
 #include <cstddef>

@@ -17,8 +17,9 @@
 //
 // Reference. Computed in double in rank order, then stored with the documented
 // semantics (core/src/reduce.h): integers unscaled wrap (never reached with
-// these inputs), integers scaled compute postscale * R / n in double and round
-// ties away from zero with saturation (exact comparison); floats compare with
+// these inputs), integers scaled truncate each prescaled input, compute
+// postscale * R / n in double and truncate toward zero with saturation
+// (exact comparison); floats compare with
 // a relative tolerance of a few units in the last place of the dtype, since
 // partial sums are exact and only the scaling and the final store round:
 //   f64 1e-12, f32 2e-6, f16 2^-9, bf16 2^-6 (bf16 keeps 8 significant bits).
@@ -90,6 +91,8 @@ void visit_dtype(DType dtype, Fn&& fn) {
       return fn(IntCodec<uint8_t>{});
     case DType::kI8:
       return fn(IntCodec<int8_t>{});
+    case DType::kI16:
+      return fn(IntCodec<int16_t>{});
     case DType::kI32:
       return fn(IntCodec<int32_t>{});
     case DType::kI64:
@@ -105,10 +108,10 @@ void visit_dtype(DType dtype, Fn&& fn) {
   }
 }
 
-// Rounds ties away from zero and saturates to T (reduce.h, scaled integers).
+// Truncates toward zero and saturates to T (reduce.h, scaled integers).
 template <typename T>
-T round_saturate(double v) {
-  const double r = std::round(v);
+T truncate_saturate(double v) {
+  const double r = std::trunc(v);
   if (!(r == r)) return 0;
   if (r >= static_cast<double>(std::numeric_limits<T>::max()) + 1.0) {
     return std::numeric_limits<T>::max();
@@ -154,6 +157,8 @@ double raw_value(ValueKind kind, DType dtype, bool floating, int rank, uint64_t 
           return static_cast<double>(h & 0xff);
         case DType::kI8:
           return static_cast<double>(static_cast<int8_t>(h & 0xff));
+        case DType::kI16:
+          return static_cast<double>(static_cast<int16_t>(h & 0xffff));
         case DType::kI32:
           return static_cast<double>(static_cast<int32_t>(h & 0xffffffffu));
         case DType::kI64:
@@ -185,7 +190,7 @@ void scaled_options(DType dtype, ReduceOp op, AllreduceOptions& options) {
     options.postscale = 3.0;  // 64 * 3 saturates i8: checks saturation too
   } else {
     options.prescale = 2.0;    // integral, so a ring that prescales each input agrees
-    options.postscale = 0.75;  // odd sums land on .5: checks ties away from zero
+    options.postscale = 0.75;  // sums not divisible by 4 land between integers: checks truncation
   }
 }
 
@@ -352,9 +357,11 @@ class Checker {
       for (int k = 0; k < size_; ++k) {
         const uint64_t stream = value_stream(kind, matrix_.seed, k) + base;
         for (size_t i = 0; i < count; ++i) {
-          const double v =
-              options.prescale *
-              C::decode(C::encode(raw_value(kind, dtype, floating, k, mix(stream + i))));
+          double v = options.prescale *
+                     C::decode(C::encode(raw_value(kind, dtype, floating, k, mix(stream + i))));
+          if constexpr (!C::kFloat) {
+            if (!unscaled(options)) v = static_cast<double>(truncate_saturate<S>(v));
+          }
           if (k == 0) {
             acc[i] = v;
           } else if (op == ReduceOp::kMin) {
@@ -375,9 +382,9 @@ class Checker {
           if (unscaled(options)) {
             expected_int[i] = wrap<S>(acc[i]);
           } else if (op == ReduceOp::kAverage) {
-            expected_int[i] = round_saturate<S>(options.postscale * acc[i] / size_);
+            expected_int[i] = truncate_saturate<S>(options.postscale * acc[i] / size_);
           } else {
-            expected_int[i] = round_saturate<S>(options.postscale * acc[i]);
+            expected_int[i] = truncate_saturate<S>(options.postscale * acc[i]);
           }
         }
       }

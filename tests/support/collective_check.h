@@ -18,17 +18,16 @@ namespace kolo::testing {
 
 struct CheckMatrix {
   std::vector<size_t> counts = {0, 1, 7, 1000, (size_t{1} << 20) + 3};
-  std::vector<DType> dtypes = {DType::kU8,  DType::kI8,   DType::kI32, DType::kI64,
+  std::vector<DType> dtypes = {DType::kU8,  DType::kI8,   DType::kI16, DType::kI32, DType::kI64,
                                DType::kF16, DType::kBF16, DType::kF32, DType::kF64};
-  std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin,
-                               ReduceOp::kMax, ReduceOp::kProduct};
+  std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax,
+                               ReduceOp::kProduct};
   bool in_place = true;       // also run the in-place variant of each collective
   bool scale_factors = true;  // also run allreduce with prescale/postscale != 1
   // Collectives to run: any of "allreduce", "allgather", "allgatherv", "broadcast",
   // "reducescatter", "alltoall", "alltoallv", "barrier".
-  std::vector<std::string> collectives = {"allreduce", "allgather",     "allgatherv",
-                                          "broadcast", "reducescatter", "alltoall",
-                                          "alltoallv", "barrier"};
+  std::vector<std::string> collectives = {"allreduce",     "allgather", "allgatherv", "broadcast",
+                                          "reducescatter", "alltoall",  "alltoallv",  "barrier"};
   // Counts above this are only run with f32 and f16 sum (keeps big sizes cheap).
   size_t full_matrix_max_count = 1000;
   unsigned seed = 1;

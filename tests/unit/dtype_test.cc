@@ -27,15 +27,15 @@ float float_of(uint32_t bits) {
 }
 
 TEST(DType, SizesNamesAndParsing) {
-  const DType all[] = {DType::kU8,  DType::kI8,   DType::kI32, DType::kI64,
+  const DType all[] = {DType::kU8,  DType::kI8,   DType::kI16, DType::kI32, DType::kI64,
                        DType::kF16, DType::kBF16, DType::kF32, DType::kF64};
-  const size_t sizes[] = {1, 1, 4, 8, 2, 2, 4, 8};
-  const char* names[] = {"u8", "i8", "i32", "i64", "f16", "bf16", "f32", "f64"};
+  const size_t sizes[] = {1, 1, 2, 4, 8, 2, 2, 4, 8};
+  const char* names[] = {"u8", "i8", "i16", "i32", "i64", "f16", "bf16", "f32", "f64"};
   for (int i = 0; i < kNumDTypes; ++i) {
     EXPECT_EQ(dtype_size(all[i]), sizes[i]);
     EXPECT_STREQ(dtype_name(all[i]), names[i]);
     EXPECT_EQ(parse_dtype(names[i]), all[i]);
-    EXPECT_EQ(is_floating(all[i]), i >= 4);
+    EXPECT_EQ(is_floating(all[i]), i >= 5);
   }
   const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax,
                           ReduceOp::kProduct};

@@ -231,11 +231,11 @@ TEST(Reduce, IntegersWrapWhenUnscaled) {
             (std::vector<uint8_t>{7, 250}));
 }
 
-TEST(Reduce, IntegersRoundTiesAwayAndSaturateWhenScaled) {
-  // average: (1 + 2) / 2 = 1.5 -> 2; (-1 + -2) / 2 = -1.5 -> -2; (1 + 4) / 2 = 2.5 -> 3.
+TEST(Reduce, IntegersTruncateAndSaturateWhenScaled) {
+  // average: (1 + 2) / 2 = 1.5 -> 1; (-1 + -2) / 2 = -1.5 -> -1; (1 + 4) / 2 = 2.5 -> 2.
   EXPECT_EQ(
       reduce_ints<int32_t>({{1, -1, 1}, {2, -2, 4}}, DType::kI32, options_of(ReduceOp::kAverage)),
-      (std::vector<int32_t>{2, -2, 3}));
+      (std::vector<int32_t>{1, -1, 2}));
   // The average is computed in double: no wrap of the i8 sum 100 + 100.
   EXPECT_EQ(reduce_ints<int8_t>({{100}, {100}}, DType::kI8, options_of(ReduceOp::kAverage)),
             (std::vector<int8_t>{100}));
@@ -251,9 +251,31 @@ TEST(Reduce, IntegersRoundTiesAwayAndSaturateWhenScaled) {
   // A negative prescale turns max into -min.
   EXPECT_EQ(reduce_ints<int32_t>({{3}, {-5}, {1}}, DType::kI32, options_of(ReduceOp::kMax, -1.0)),
             (std::vector<int32_t>{5}));
-  // Postscale 0.5 of an odd sum: 7 * 0.5 = 3.5 -> 4.
-  EXPECT_EQ(reduce_ints<int64_t>({{3}, {4}}, DType::kI64, options_of(ReduceOp::kSum, 1.0, 0.5)),
-            (std::vector<int64_t>{4}));
+  // Postscale 0.5 of an odd sum: 7 * 0.5 = 3.5 -> 3, and -3.5 -> -3.
+  EXPECT_EQ(
+      reduce_ints<int64_t>({{3, -3}, {4, -4}}, DType::kI64, options_of(ReduceOp::kSum, 1.0, 0.5)),
+      (std::vector<int64_t>{3, -3}));
+  // The prescaled value saturates on each rank, as storing it back would:
+  // 100 * 2 -> 127 per rank, then 254 in double, halved: 127.
+  EXPECT_EQ(reduce_ints<int8_t>({{100}, {100}}, DType::kI8, options_of(ReduceOp::kSum, 2.0, 0.5)),
+            (std::vector<int8_t>{127}));
+}
+
+TEST(Reduce, TruncatingIntegersAsHorovod) {
+  // Horovod's test_horovod_allreduce_prescale: each rank's value times the
+  // prescale is truncated before the sum. [7, -7, 5] * 0.5 on 2 ranks:
+  // 3 + 3, -3 + -3, 2 + 2.
+  const AllreduceOptions half = options_of(ReduceOp::kSum, 0.5);
+  EXPECT_EQ(reduce_ints<int16_t>({{7, -7, 5}, {7, -7, 5}}, DType::kI16, half),
+            (std::vector<int16_t>{6, -6, 4}));
+  EXPECT_EQ(reduce_ints<int32_t>({{7, -7, 5}, {7, -7, 5}}, DType::kI32, half),
+            (std::vector<int32_t>{6, -6, 4}));
+  EXPECT_EQ(reduce_ints<int64_t>({{7, -7, 5}, {7, -7, 5}}, DType::kI64, half),
+            (std::vector<int64_t>{6, -6, 4}));
+  // Postscale truncates the sum: (7 + 7) * 0.3 = 4.2 -> 4, (5 + 5) * 0.3 = 3.
+  EXPECT_EQ(
+      reduce_ints<int32_t>({{7, 5}, {7, 5}}, DType::kI32, options_of(ReduceOp::kSum, 1.0, 0.3)),
+      (std::vector<int32_t>{4, 3}));
 }
 
 TEST(Reduce, PairwiseStepsMatchReduceInputs) {
@@ -298,8 +320,8 @@ TEST(Reduce, ScaleHelpers) {
   EXPECT_FALSE(is_unscaled(options_of(ReduceOp::kMin, 1.0, 3.0)));
 
   std::vector<int8_t> bytes = {1, -3, 100};
-  apply_prescale(bytes.data(), bytes.size(), DType::kI8, 1.5);  // 1.5, -4.5, 150
-  EXPECT_EQ(bytes, (std::vector<int8_t>{2, -5, 127}));
+  apply_prescale(bytes.data(), bytes.size(), DType::kI8, 1.5);  // 1.5, -4.5, 150: truncated
+  EXPECT_EQ(bytes, (std::vector<int8_t>{1, -4, 127}));
   std::vector<float> values = {2.0f, 4.0f};
   finish_reduction(values.data(), values.size(), DType::kF32,
                    options_of(ReduceOp::kAverage, 1.0, 3.0), 2);

@@ -20,7 +20,7 @@ namespace kolo {
 namespace {
 
 constexpr const char* kSupportedDtypes =
-    "uint8, int8, int32, int64, float16, bfloat16, float32, float64";
+    "uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64";
 
 std::string shape_text(c10::IntArrayRef sizes) {
   std::ostringstream out;
@@ -201,6 +201,8 @@ DType to_kolo_dtype(c10::ScalarType type, const std::string& op, const std::stri
       return DType::kU8;
     case torch::kChar:
       return DType::kI8;
+    case torch::kShort:
+      return DType::kI16;
     case torch::kInt:
       return DType::kI32;
     case torch::kLong:
@@ -227,6 +229,8 @@ c10::ScalarType to_torch_dtype(DType dtype) {
       return torch::kByte;
     case DType::kI8:
       return torch::kChar;
+    case DType::kI16:
+      return torch::kShort;
     case DType::kI32:
       return torch::kInt;
     case DType::kI64:

@@ -31,7 +31,8 @@
 //                  the member with the root's local index.
 //   allgatherv, alltoall(v), barrier: the flat part.
 // Semantics are reduce.h's, as on every backend: f16/bf16 accumulate in f32,
-// scaled integers in double rounded once, average divides by every member.
+// scaled integers in double truncated as Horovod does, average divides by
+// every member.
 //
 // Faults: a RuntimeFault in any part is mapped to the communicator's ranks.
 // The rank then takes the view of a blamed rank that gave up first and

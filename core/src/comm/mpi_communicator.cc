@@ -180,6 +180,8 @@ MPI_Datatype mpi_type(DType dtype) {
       return MPI_UINT8_T;
     case DType::kI8:
       return MPI_INT8_T;
+    case DType::kI16:
+      return MPI_INT16_T;
     case DType::kI32:
       return MPI_INT32_T;
     case DType::kI64:

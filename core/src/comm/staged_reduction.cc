@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "half.h"
+#include "kolo/core/errors.h"
 #include "reduce.h"
 #include "rounding.h"
 
@@ -21,11 +22,43 @@ void ints_to_double(const void* in, void* work, size_t count) {
   for (size_t i = 0; i < count; ++i) dst[i] = static_cast<double>(src[i]);
 }
 
+// The finishing step of reduce.cc's integer kernels, (postscale * R) /
+// divisor, computed the same way so that truncation agrees bit for bit.
 template <typename T>
-void double_to_ints(const void* work, void* out, size_t count) {
+void double_to_ints(const void* work, void* out, size_t count, double postscale, double divisor) {
   const double* src = static_cast<const double*>(work);
   T* dst = static_cast<T*>(out);
-  for (size_t i = 0; i < count; ++i) dst[i] = round_saturate<T>(src[i]);
+  for (size_t i = 0; i < count; ++i) dst[i] = truncate_saturate<T>(postscale * src[i] / divisor);
+}
+
+// Integers staged as double: prescale each value and truncate it as the
+// kernels do (rounding.h), so the staged and unstaged paths agree.
+template <typename T>
+void prescale_ints(void* work, size_t count, double prescale) {
+  double* values = static_cast<double*>(work);
+  for (size_t i = 0; i < count; ++i) values[i] = prescale_integer<T>(values[i], prescale);
+}
+
+// True when it handled `dtype` (an integer type); floats prescale on the wire.
+bool prescale_staged_ints(DType dtype, void* work, size_t count, double prescale) {
+  switch (dtype) {
+    case DType::kU8:
+      return prescale_ints<uint8_t>(work, count, prescale), true;
+    case DType::kI8:
+      return prescale_ints<int8_t>(work, count, prescale), true;
+    case DType::kI16:
+      return prescale_ints<int16_t>(work, count, prescale), true;
+    case DType::kI32:
+      return prescale_ints<int32_t>(work, count, prescale), true;
+    case DType::kI64:
+      return prescale_ints<int64_t>(work, count, prescale), true;
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kF32:
+    case DType::kF64:
+      break;
+  }
+  return false;
 }
 
 void to_wire(DType dtype, const void* in, void* work, size_t count) {
@@ -34,6 +67,8 @@ void to_wire(DType dtype, const void* in, void* work, size_t count) {
       return ints_to_double<uint8_t>(in, work, count);
     case DType::kI8:
       return ints_to_double<int8_t>(in, work, count);
+    case DType::kI16:
+      return ints_to_double<int16_t>(in, work, count);
     case DType::kI32:
       return ints_to_double<int32_t>(in, work, count);
     case DType::kI64:
@@ -52,16 +87,21 @@ void to_wire(DType dtype, const void* in, void* work, size_t count) {
   }
 }
 
-void from_wire(DType dtype, const void* work, void* out, size_t count) {
+// Integers: `postscale` and `divisor` finish the reduction here (1 and 1 when
+// there is nothing to finish); floats were finished on the wire.
+void from_wire(DType dtype, const void* work, void* out, size_t count, double postscale,
+               double divisor) {
   switch (dtype) {
     case DType::kU8:
-      return double_to_ints<uint8_t>(work, out, count);
+      return double_to_ints<uint8_t>(work, out, count, postscale, divisor);
     case DType::kI8:
-      return double_to_ints<int8_t>(work, out, count);
+      return double_to_ints<int8_t>(work, out, count, postscale, divisor);
+    case DType::kI16:
+      return double_to_ints<int16_t>(work, out, count, postscale, divisor);
     case DType::kI32:
-      return double_to_ints<int32_t>(work, out, count);
+      return double_to_ints<int32_t>(work, out, count, postscale, divisor);
     case DType::kI64:
-      return double_to_ints<int64_t>(work, out, count);
+      return double_to_ints<int64_t>(work, out, count, postscale, divisor);
     case DType::kF16:
       return float_to_f16_array(static_cast<const float*>(work), static_cast<uint16_t*>(out),
                                 count);
@@ -94,6 +134,7 @@ ReductionPlan plan_reduction(DType dtype, const AllreduceOptions& options) {
       break;
     case DType::kU8:
     case DType::kI8:
+    case DType::kI16:
     case DType::kI32:
     case DType::kI64:
       if (plan.scaled) plan.wire = DType::kF64;
@@ -114,15 +155,26 @@ void stage_in(const ReductionPlan& plan, const AllreduceOptions& options, const 
   } else if (work != in) {
     std::memcpy(work, in, count * dtype_size(plan.dtype));
   }
+  if (options.prescale == 1.0) return;
+  if (plan.staged && prescale_staged_ints(plan.dtype, work, count, options.prescale)) return;
   apply_prescale(work, count, plan.wire, options.prescale);
 }
 
 void stage_out(const ReductionPlan& plan, const AllreduceOptions& options, void* work, void* out,
                size_t count, int divisor) {
   if (count == 0) return;
+  if (plan.staged && !is_floating(plan.dtype)) {
+    // Staged integers are always scaled (plan_reduction): finish while converting.
+    if (divisor < 1) {
+      throw ContractError("kolo stage_out: divisor must be >= 1, got " + std::to_string(divisor));
+    }
+    const bool average = options.op == ReduceOp::kAverage;
+    from_wire(plan.dtype, work, out, count, options.postscale, average ? divisor : 1);
+    return;
+  }
   if (plan.scaled) finish_reduction(work, count, plan.wire, options, divisor);
   if (plan.staged) {
-    from_wire(plan.dtype, work, out, count);
+    from_wire(plan.dtype, work, out, count, 1.0, 1.0);
   } else if (out != work) {
     std::memcpy(out, work, count * dtype_size(plan.dtype));
   }

@@ -2,8 +2,8 @@
 // pairwise (gloo's ring, MPI's built-in ops) (internal).
 //
 // reduce.h fixes the semantics: f16/bf16 accumulate in f32, integers with a
-// scale or average are computed in double and rounded once. A pairwise
-// algorithm reducing in the storage type would round at every hop, so such
+// scale or average are reduced in double and truncated once at the end. A
+// pairwise algorithm reducing in the storage type would round at every hop, so such
 // calls are staged: the input is converted into a "wire" buffer of the
 // accumulation type (prescale applied there), the wire buffer is reduced with
 // a plain op, and the result is finished (average divisor, postscale) and

@@ -50,6 +50,9 @@ void fill_neutral(void* buffer, size_t count, DType dtype, ReduceOp op, double p
     case DType::kI8:
       fill(int8_t{1}, std::numeric_limits<int8_t>::max(), std::numeric_limits<int8_t>::min());
       break;
+    case DType::kI16:
+      fill(int16_t{1}, std::numeric_limits<int16_t>::max(), std::numeric_limits<int16_t>::min());
+      break;
     case DType::kI32:
       fill(int32_t{1}, std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min());
       break;

@@ -13,7 +13,7 @@ import torch
 
 import kolo.torch as hvd
 
-DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64,
+DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
           torch.float16, torch.bfloat16, torch.float32, torch.float64]
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
@@ -56,6 +56,7 @@ def assert_matches(actual, expected):
         torch.testing.assert_close(actual.double(), expected.double(), rtol=rtol, atol=atol)
 
 
-def round_half_away(x):
-    """How kolo stores an integer average or scaled integer (kolo/core/dtype.h)."""
-    return torch.sign(x) * torch.floor(x.abs() + 0.5)
+def truncate(x):
+    """How kolo stores a scaled integer, as Horovod does (kolo/core/dtype.h):
+    toward zero."""
+    return torch.trunc(x)

@@ -9,20 +9,24 @@
 namespace kolo {
 
 // Element type of a buffer handed to a collective. f16 and bf16 are stored as
-// 16-bit patterns and accumulated in f32 by every reduction.
-enum class DType : uint8_t { kU8, kI8, kI32, kI64, kF16, kBF16, kF32, kF64 };
+// 16-bit patterns and accumulated in f32 by every reduction. The values are
+// wire values (negotiated between ranks): new types are appended, never
+// inserted.
+enum class DType : uint8_t { kU8, kI8, kI32, kI64, kF16, kBF16, kF32, kF64, kI16 };
 
 // Reduction applied by allreduce and reducescatter.
-// Integer dtypes: kAverage and non-unit scale factors are computed in double
-// precision and rounded to nearest (ties away from zero) when stored.
+// Integer dtypes, as Horovod computes them: each rank's value times the
+// prescale is truncated toward zero; the reduction runs in double; the result
+// times the postscale (divided by the divisor for kAverage) is truncated
+// toward zero again. Every truncation saturates to the type's range.
 enum class ReduceOp : uint8_t { kSum, kAverage, kMin, kMax, kProduct };
 
-constexpr int kNumDTypes = 8;
+constexpr int kNumDTypes = 9;
 constexpr int kNumReduceOps = 5;
 
 // Size of one element in bytes.
 size_t dtype_size(DType dtype);
-// "u8", "i8", "i32", "i64", "f16", "bf16", "f32", "f64".
+// "u8", "i8", "i16", "i32", "i64", "f16", "bf16", "f32", "f64".
 const char* dtype_name(DType dtype);
 // "sum", "average", "min", "max", "product".
 const char* reduce_op_name(ReduceOp op);

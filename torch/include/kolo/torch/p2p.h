@@ -8,7 +8,7 @@
 // data, both with the options' tag, so a receiver learns what arrives and can
 // allocate it. A send matches the receive of its peer with the same tag, in
 // posting order. Tensors must be CPU and of a dtype the engine knows (uint8,
-// int8, int32, int64, float16, bfloat16, float32, float64), with at most
+// int8, int16, int32, int64, float16, bfloat16, float32, float64), with at most
 // kMaxP2PDims dimensions; a send of a non-contiguous tensor sends a
 // contiguous copy. A count or dtype that differs between the two sides is a
 // ContractError on both; a dead peer a RuntimeFault naming it (as for the

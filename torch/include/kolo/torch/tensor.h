@@ -1,7 +1,7 @@
 // Collectives on torch::Tensor through the engine (kolo/core/engine.h).
 //
 // Tensors handed to kolo must be CPU, strided and contiguous, of a dtype the
-// engine knows (uint8, int8, int32, int64, float16, bfloat16, float32,
+// engine knows (uint8, int8, int16, int32, int64, float16, bfloat16, float32,
 // float64); anything else is a ContractError naming the operation and the
 // tensor. Every call is named: a request runs once every rank of the process
 // set has submitted the same name, and names may be reused once the previous
