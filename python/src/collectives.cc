@@ -34,10 +34,9 @@ namespace {
 class Handle {
  public:
   enum class Result {
-    kTensor,              // the one part's tensor
-    kList,                // every part's tensor, in order
-    kAlltoall,            // the output alone (alltoall without splits)
-    kAlltoallWithSplits,  // (output, received splits as an int32 tensor)
+    kTensor,    // the one part's tensor
+    kList,      // every part's tensor, in order
+    kAlltoall,  // (output, received splits as an int32 tensor), with or without splits
   };
 
   Handle(std::vector<TensorHandle> parts, Result result)
@@ -83,9 +82,7 @@ class Handle {
         return py::cast(tensors.at(0));
       case Result::kList:
         return py::cast(tensors);
-      case Result::kAlltoall:
-        return py::cast(tensors.at(0));
-      case Result::kAlltoallWithSplits: {
+      case Result::kAlltoall: {
         const std::vector<int64_t> splits = parts_.at(0).received_splits();
         torch::Tensor received =
             torch::tensor(std::vector<int32_t>(splits.begin(), splits.end()), torch::kInt);
@@ -226,11 +223,9 @@ void bind_collectives(py::module_& m) {
          const py::object& name, int process_set) {
         const std::string n = request_name(name, "alltoall");
         const TensorOpOptions o = options_for(process_set);
-        const Handle::Result result =
-            splits ? Handle::Result::kAlltoallWithSplits : Handle::Result::kAlltoall;
         py::gil_scoped_release release;
         return Handle({alltoall_async(tensor, splits.value_or(std::vector<int64_t>{}), n, o)},
-                      result);
+                      Handle::Result::kAlltoall);
       },
       py::arg("tensor"), py::arg("splits"), py::arg("name"), py::arg("process_set"));
 

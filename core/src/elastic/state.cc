@@ -152,21 +152,26 @@ void State::load_commit_payload(const std::string& payload, const std::string& s
 }
 
 void State::sync(int root) {
-  if (world_size() == 1) return;
-  Communicator& world = this->world();
-  if (root < 0 || root >= world.size()) {
+  const int size_of_world = world_size();
+  if (root < 0 || root >= size_of_world) {
     throw ContractError("kolo elastic State::sync: root " + std::to_string(root) +
-                        " is not a rank of the world of " + std::to_string(world.size()));
+                        " is not a rank of the world of " + std::to_string(size_of_world));
   }
   Bytes bytes;
-  if (world.rank() == root) bytes = serialize_all();
-  uint64_t size = bytes.size();
-  BroadcastOptions options;
-  options.root = root;
-  world.broadcast(&size, 1, DType::kI64, options);
-  bytes.resize(size);
-  if (size > 0) world.broadcast(bytes.data(), size, DType::kU8, options);
-  if (world.rank() != root) deserialize_all(bytes);
+  if (world_rank() == root) bytes = serialize_all();
+  if (size_of_world > 1) {
+    Communicator& world = this->world();
+    uint64_t size = bytes.size();
+    BroadcastOptions options;
+    options.root = root;
+    world.broadcast(&size, 1, DType::kI64, options);
+    bytes.resize(size);
+    if (size > 0) world.broadcast(bytes.data(), size, DType::kU8, options);
+  }
+  // Every rank loads what it received, the root and a world of one included
+  // (as Horovod does): loading is where state that depends on the world, an
+  // elastic sampler's shard for one, is rebuilt.
+  deserialize_all(bytes);
   // Everyone now holds the same state; it is also the point to return to.
   snapshot_ = std::move(bytes);
 }

@@ -80,6 +80,7 @@ from kolo.torch.mpi_ops import (  # noqa: F401
     remove_process_set,
     rocm_built,
     shutdown,
+    sparse_allreduce_async,
     size,
     start_timeline,
     stop_timeline,

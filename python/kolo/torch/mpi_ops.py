@@ -8,6 +8,7 @@ of global root ranks to ranks of a process set. Differences from Horovod are
 listed in docs/python.md.
 """
 import atexit
+import numbers
 import warnings
 
 import torch
@@ -177,6 +178,21 @@ def _op(op, average, default=Average):
     return default if op is None else op
 
 
+def _reduction(op, prescale_factor, postscale_factor, process_set):
+    """(op, prescale, postscale) as the engine receives them.
+
+    Horovod divides an Average by the size of the whole process set, ranks
+    that joined included (kolo's engine divides by the ranks that
+    contributed), so an Average goes to the engine as a Sum with the
+    postscale divided by the set's size: the same values without join, and
+    Horovod's with it (integers: the postscale truncates, as Horovod's does).
+    """
+    size = process_set.size() if isinstance(process_set, ProcessSet) else None
+    if op == Average and size:
+        return Sum, prescale_factor, postscale_factor / size
+    return op, prescale_factor, postscale_factor
+
+
 def _check_tensor(tensor, op):
     if not isinstance(tensor, torch.Tensor):
         raise ContractError(f"kolo.torch.{op}: expected a torch.Tensor, got {type(tensor).__name__}")
@@ -192,7 +208,7 @@ def poll(handle):
 
 
 def _check_handle(handle, call):
-    if not isinstance(handle, _kolo.Handle):
+    if not isinstance(handle, (_kolo.Handle, _SparseHandle)):
         raise ContractError(f"kolo.torch.{call}: expected the handle an *_async call returned, "
                             f"got {type(handle).__name__} {handle!r}")
 
@@ -217,16 +233,18 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                     postscale_factor=1.0, process_set=global_process_set):
     """Starts reducing `tensor` over the ranks into a new tensor; returns a handle."""
     _check_tensor(tensor, "allreduce_async")
-    return _kolo.allreduce_async(tensor, name, _op(op, average), prescale_factor,
-                                 postscale_factor, _set_id(process_set), False)
+    return _kolo.allreduce_async(tensor, name,
+                                 *_reduction(_op(op, average), prescale_factor, postscale_factor,
+                                             process_set), _set_id(process_set), False)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     """Starts reducing `tensor` in place; returns a handle."""
     _check_tensor(tensor, "allreduce_async_")
-    return _kolo.allreduce_async(tensor, name, _op(op, average), prescale_factor,
-                                 postscale_factor, _set_id(process_set), True)
+    return _kolo.allreduce_async(tensor, name,
+                                 *_reduction(_op(op, average), prescale_factor, postscale_factor,
+                                             process_set), _set_id(process_set), True)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -273,15 +291,19 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     The tensors are requests "<name>.<i>", submitted together; the engine
     fuses them when they are ready together on every rank.
     """
-    return _kolo.grouped_allreduce_async(list(tensors), name, _op(op, average), prescale_factor,
-                                         postscale_factor, _set_id(process_set), False)
+    return _kolo.grouped_allreduce_async(list(tensors), name,
+                                         *_reduction(_op(op, average), prescale_factor,
+                                                     postscale_factor, process_set),
+                                         _set_id(process_set), False)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set):
     """In-place form of grouped_allreduce_async."""
-    return _kolo.grouped_allreduce_async(list(tensors), name, _op(op, average), prescale_factor,
-                                         postscale_factor, _set_id(process_set), True)
+    return _kolo.grouped_allreduce_async(list(tensors), name,
+                                         *_reduction(_op(op, average), prescale_factor,
+                                                     postscale_factor, process_set),
+                                         _set_id(process_set), True)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -317,6 +339,55 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     return [compression.decompress(t, c) for t, c in zip(reduced, ctxs)]
 
 
+class _SparseHandle:
+    """The handle of sparse_allreduce_async: call it (as Horovod's) or pass it
+    to synchronize() / poll() for the reduced sparse tensor."""
+
+    def __init__(self, tensor, gather, op, process_set):
+        self._tensor = tensor
+        self._gather = gather  # one handle: the allgathers of (indices, values)
+        self._op = op
+        self._process_set = process_set
+        self._result = None
+
+    def poll(self):
+        return self._gather.poll()
+
+    def wait(self):
+        if self._result is None:
+            indices, values = self._gather.wait()
+            if self._op == Average:
+                values = values / self._process_set.size()
+            self._result = torch.sparse_coo_tensor(indices.transpose(0, 1), values,
+                                                   self._tensor.size()).coalesce()
+        return self._result
+
+    def __call__(self):
+        return self.wait()
+
+
+def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
+    """Starts reducing a sparse COO tensor over the ranks, as Horovod does: an
+    allgather of every rank's indices and values (the sum of sparse tensors is
+    their concatenation). Returns a handle; calling it (or synchronize) gives
+    the reduced sparse tensor, coalesced. `op` is Average or Sum."""
+    _check_tensor(tensor, "sparse_allreduce_async")
+    if not tensor.is_sparse:
+        raise ContractError("kolo.torch.sparse_allreduce_async: expected a sparse COO tensor "
+                            f"(tensor.to_sparse()), got layout {tensor.layout}; use allreduce_async "
+                            "for dense tensors")
+    op = _op(op, None)
+    if op not in (Average, Sum):
+        raise ContractError("kolo.torch.sparse_allreduce_async: op must be Average or Sum, "
+                            f"got {op}")
+    tensor = tensor.coalesce()
+    # Dim 0 of the allgather is the entry: indices go as (nnz, sparse_dim).
+    gather = _kolo.grouped_allgather_async(
+        [tensor.indices().transpose(0, 1).contiguous(), tensor.values().contiguous()], name,
+        _set_id(process_set))
+    return _SparseHandle(tensor, gather, op, process_set)
+
+
 # --- Allgather --------------------------------------------------------------------
 
 
@@ -326,22 +397,31 @@ def allgather_async(tensor, name=None, process_set=global_process_set):
     return _kolo.allgather_async(tensor, name, _set_id(process_set))
 
 
+def _allgather_grads(grad_outputs, shapes, process_set):
+    """Backward of an allgather of tensors of `shapes` (Horovod's): every
+    rank's gradient of the gathered tensors is averaged, and this rank keeps
+    the rows it contributed."""
+    grads = synchronize(grouped_allreduce_async([g.contiguous() for g in grad_outputs],
+                                                op=Average, process_set=process_set))
+    rows = [shape[0] if len(shape) > 0 else 1 for shape in shapes]
+    every_rank = synchronize(allgather_async(torch.tensor([rows], dtype=torch.int64),
+                                             process_set=process_set))
+    offsets = every_rank[:process_set.rank()].sum(0).tolist()
+    return [grad.narrow(0, int(offset), count).reshape(shape)
+            for grad, offset, count, shape in zip(grads, offsets, rows, shapes)]
+
+
 class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
-        ctx.rows = tensor.shape[0] if tensor.dim() > 0 else 1
-        ctx.scalar = tensor.dim() == 0
+        ctx.shape = tensor.shape
         ctx.process_set = process_set
         return synchronize(allgather_async(tensor.contiguous(), name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = allreduce(grad_output, op=Average, process_set=ctx.process_set)
-        rows = allgather(torch.tensor([ctx.rows], dtype=torch.int64),
-                         process_set=ctx.process_set)
-        offset = int(rows[:ctx.process_set.rank()].sum())
-        grad = grad.narrow(0, offset, ctx.rows)
-        return (grad.reshape(()) if ctx.scalar else grad), None, None
+        grad, = _allgather_grads([grad_output], [ctx.shape], ctx.process_set)
+        return grad, None, None
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
@@ -359,9 +439,22 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     return _kolo.grouped_allgather_async(list(tensors), name, _set_id(process_set))
 
 
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.shapes = [t.shape for t in tensors]
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_allgather_async([t.contiguous() for t in tensors], name,
+                                                         process_set)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        return (None, None, *_allgather_grads(grad_outputs, ctx.shapes, ctx.process_set))
+
+
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    """Returns the allgather of every tensor of the list (not differentiable)."""
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    """Returns the allgather of every tensor of the list (differentiable)."""
+    return list(_GroupedAllgather.apply(name, process_set, *tensors))
 
 
 # --- Broadcast --------------------------------------------------------------------
@@ -413,43 +506,52 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 # --- Alltoall -----------------------------------------------------------------------
 
 
-def _splits(splits):
+def _splits(splits, call):
+    """`splits` as a list of ints; anything but integers is refused here, on the
+    rank that passed it, before anything reaches the engine."""
     if splits is None:
         return None
     if isinstance(splits, torch.Tensor):
+        if splits.is_floating_point() or splits.is_complex() or splits.dtype == torch.bool:
+            raise ContractError(f"kolo.torch.{call}: splits must be a tensor of integers, got "
+                                f"{splits.dtype}; pass e.g. torch.tensor(splits, dtype=torch.int32)")
         return [int(s) for s in splits.reshape(-1).tolist()]
-    return [int(s) for s in splits]
+    values = list(splits)
+    for value in values:
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise ContractError(f"kolo.torch.{call}: splits must be integers, got "
+                                f"{type(value).__name__} {value!r}")
+    return [int(s) for s in values]
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall: splits[k] rows of `tensor` go to rank k of the set.
 
-    Without `splits` dim 0 is split equally. The handle's result is the
-    received rows, plus the received splits when `splits` was given.
+    Without `splits` dim 0 is split equally. The handle's result is
+    (received rows, received splits), as Horovod's, with or without `splits`.
     """
     _check_tensor(tensor, "alltoall_async")
-    return _kolo.alltoall_async(tensor, _splits(splits), name, _set_id(process_set))
+    return _kolo.alltoall_async(tensor, _splits(splits, "alltoall_async"), name,
+                                _set_id(process_set))
 
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
         ctx.process_set = process_set
-        result = synchronize(alltoall_async(tensor.contiguous(), splits, name, process_set))
-        if splits is None:
-            # The rows received from each rank, for the backward pass.
-            ctx.received = None
-            return result
-        output, received = result
+        output, received = synchronize(alltoall_async(tensor.contiguous(), splits, name,
+                                                      process_set))
+        # The rows received from each rank: what the backward pass sends back.
         ctx.received = received
+        if splits is None:
+            return output
         ctx.mark_non_differentiable(received)
         return output, received
 
     @staticmethod
     def backward(ctx, grad_output, *unused):
-        grad = alltoall(grad_output, splits=ctx.received, process_set=ctx.process_set)
-        if ctx.received is not None:
-            grad = grad[0]
+        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received,
+                                             process_set=ctx.process_set))
         return grad, None, None, None
 
 
@@ -460,6 +562,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     given (a list or an int tensor of one count per rank of the set).
     """
     _check_tensor(tensor, "alltoall")
+    _splits(splits, "alltoall")  # refused before autograd, with the same message
     return _Alltoall.apply(tensor, splits, name, process_set)
 
 
@@ -470,8 +573,18 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
                         prescale_factor=1.0, postscale_factor=1.0):
     """Starts a reducescatter; returns a handle whose result is this rank's rows."""
     _check_tensor(tensor, "reducescatter_async")
-    return _kolo.reducescatter_async(tensor, name, _op(op, None), prescale_factor,
-                                     postscale_factor, _set_id(process_set))
+    return _kolo.reducescatter_async(tensor, name,
+                                     *_reduction(_op(op, None), prescale_factor, postscale_factor,
+                                                 process_set), _set_id(process_set))
+
+
+def _reducescatter_grads(grad_outputs, op, scale, process_set):
+    """Backward of a reducescatter (Horovod's): every rank's gradient rows,
+    gathered, times the set's size for a Sum and times the scale factors."""
+    factor = scale * (process_set.size() if op == Sum else 1)
+    grads = [g * factor if factor != 1.0 else g for g in grad_outputs]
+    return synchronize(grouped_allgather_async([g.contiguous() for g in grads],
+                                               process_set=process_set))
 
 
 class _Reducescatter(torch.autograd.Function):
@@ -485,11 +598,8 @@ class _Reducescatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        if ctx.op == Sum:
-            grad_output = grad_output * ctx.process_set.size()
-        if ctx.scale != 1.0:
-            grad_output = grad_output * ctx.scale
-        return allgather(grad_output, process_set=ctx.process_set), None, None, None, None, None
+        grad, = _reducescatter_grads([grad_output], ctx.op, ctx.scale, ctx.process_set)
+        return grad, None, None, None, None, None
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
@@ -509,17 +619,35 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
 def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
     """Starts a reducescatter of every tensor of the list; returns one handle."""
-    return _kolo.grouped_reducescatter_async(list(tensors), name, _op(op, None), prescale_factor,
-                                             postscale_factor, _set_id(process_set))
+    return _kolo.grouped_reducescatter_async(list(tensors), name,
+                                             *_reduction(_op(op, None), prescale_factor,
+                                                         postscale_factor, process_set),
+                                             _set_id(process_set))
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):
+        ctx.op = op
+        ctx.scale = prescale_factor * postscale_factor
+        ctx.process_set = process_set
+        return tuple(synchronize(grouped_reducescatter_async(
+            [t.contiguous() for t in tensors], name, op, process_set, prescale_factor,
+            postscale_factor)))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        grads = _reducescatter_grads(grad_outputs, ctx.op, ctx.scale, ctx.process_set)
+        return (None, None, None, None, None, *grads)
 
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
-    """Returns the reducescatter of every tensor of the list (not differentiable)."""
+    """Returns the reducescatter of every tensor of the list (differentiable)."""
     compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) if tensors else ((), ())
-    reduced = synchronize(grouped_reducescatter_async(compressed, name, op, process_set,
-                                                      prescale_factor, postscale_factor))
+    reduced = _GroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                          postscale_factor, *compressed)
     return [compression.decompress(t, c) for t, c in zip(reduced, ctxs)]
 
 

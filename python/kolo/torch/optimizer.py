@@ -43,6 +43,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                                                      named_parameters)
         self._should_synchronize = True
         self._synchronized = False
+        # A rank outside the process set trains on its own, as Horovod's does:
+        # no exchange, and step() is the wrapped optimizer's.
+        self._kolo_local = process_set.included() is False
         self._kolo_exchange = None
         self._kolo_generation = None
         if not _lifecycle.binding_deferred():
@@ -53,6 +56,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # --- binding to the runtime's engine (kolo.torch._lifecycle)
 
     def _kolo_rebind(self):
+        if self._kolo_local:
+            return
         if self._kolo_exchange is not None and self._kolo_generation == _lifecycle.generation():
             return
         self._kolo_exchange = None
@@ -69,6 +74,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._kolo_exchange = None
 
     def _kolo_pipeline(self):
+        if self._kolo_local:
+            raise ContractError(
+                "kolo.torch.DistributedOptimizer: this rank is not in the optimizer's process "
+                "set, so it trains locally and has no gradient exchange")
         if self._kolo_exchange is None:
             if _lifecycle.binding_deferred():
                 raise ContractError(
@@ -84,8 +93,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self):
         """Waits for every gradient's exchange (starting those backward() did not);
-        afterwards every parameter's .grad holds the reduced gradient."""
-        self._kolo_pipeline().synchronize()
+        afterwards every parameter's .grad holds the reduced gradient (a rank
+        outside the process set keeps its own)."""
+        if not self._kolo_local:
+            self._kolo_pipeline().synchronize()
         self._synchronized = True
 
     @contextlib.contextmanager
@@ -118,6 +129,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """
         # kolo's pipeline zeroes the gradients it exchanges as torch's
         # zero_grad(set_to_none=False) would, after checking no exchange runs.
+        if self._kolo_local:
+            return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
         self._kolo_pipeline().zero_grad()
         if set_to_none:
             super(self.__class__, self).zero_grad(set_to_none=True)
@@ -178,7 +191,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     before the sum and by size/f after it. ``num_groups`` / ``groups`` /
     ``sparse_as_dense`` are accepted for Horovod's signature; kolo's buckets
     group the gradients. Collective: every rank of ``process_set`` builds
-    it at the same point, with the same parameters (checked).
+    it at the same point, with the same parameters (checked); a rank outside
+    ``process_set`` gets an optimizer that trains on its own gradients.
     """
     if groups is not None or num_groups:
         warnings.warn("kolo.torch.DistributedOptimizer: num_groups/groups are ignored; kolo "

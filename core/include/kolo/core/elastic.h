@@ -140,7 +140,8 @@ class State {
   // Returns to the last commit (nothing happens before the first commit).
   void restore();
   // Broadcasts rank `root`'s current state to every rank of the default
-  // runtime's world (a no-op in a world of one). Collective.
+  // runtime's world, and every rank, the root and a world of one included,
+  // loads it (deserialize), as Horovod's sync does. Collective.
   void sync(int root = 0);
   // Called by run() after the world was re-formed and the state synced, e.g.
   // to rescale the learning rate or re-shard the sampler: in every world
