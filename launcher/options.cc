@@ -148,7 +148,8 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       "The program and everything after it are passed to the workers untouched.\n"
       "Each worker gets KOLO_RANK, KOLO_SIZE, KOLO_LOCAL_RANK, KOLO_LOCAL_SIZE,\n"
       "KOLO_CROSS_RANK, KOLO_CROSS_SIZE, KOLO_STORE_ADDR, KOLO_STORE_PORT, KOLO_JOB_ID\n"
-      "and OMP/OPENBLAS/MKL_NUM_THREADS = cores / local workers (unless already set).\n"
+      "(and the first six under Horovod's names, HOROVOD_RANK ...), and\n"
+      "OMP/OPENBLAS/MKL_NUM_THREADS = cores / local workers (unless already set).\n"
       "See docs/kolorun.md.");
 
   std::string np_text, timeout_text, job_timeout_text, grace_text;

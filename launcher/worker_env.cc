@@ -53,6 +53,12 @@ const std::vector<std::pair<std::string, std::string>>& launcher_variables() {
       {"KOLO_ELASTIC_HOST", "each elastic worker's host"},
       {"KOLO_ELASTIC_TIMEOUT_SECONDS", "the elastic join timeout (--elastic-timeout)"},
       {"KOLO_PS_REJOIN", "a restarted parameter-server worker's restart count (--restart-workers)"},
+      {"HOROVOD_RANK", "KOLO_RANK under Horovod's name"},
+      {"HOROVOD_SIZE", "KOLO_SIZE under Horovod's name"},
+      {"HOROVOD_LOCAL_RANK", "KOLO_LOCAL_RANK under Horovod's name"},
+      {"HOROVOD_LOCAL_SIZE", "KOLO_LOCAL_SIZE under Horovod's name"},
+      {"HOROVOD_CROSS_RANK", "KOLO_CROSS_RANK under Horovod's name"},
+      {"HOROVOD_CROSS_SIZE", "KOLO_CROSS_SIZE under Horovod's name"},
   };
   return names;
 }
@@ -98,6 +104,15 @@ std::vector<EnvVar> kolo_variables(const Placement& placement, const JobInfo& jo
       {"KOLO_STORE_PORT", std::to_string(job.store_port)},
       {"KOLO_JOB_ID", job.job_id},
   };
+  // Horovod's names for the placement (horovodrun sets them; scripts and
+  // Horovod's own tests read them), the same values.
+  for (const char* name :
+       {"RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"}) {
+    const std::string own = std::string("KOLO_") + name;
+    for (size_t i = 0, n = vars.size(); i < n; ++i) {
+      if (vars[i].first == own) vars.emplace_back(std::string("HOROVOD_") + name, vars[i].second);
+    }
+  }
   if (job.elastic) {
     // Placement comes from each round; only the rendezvous address stays.
     vars.erase(std::remove_if(vars.begin(), vars.end(),

@@ -54,7 +54,13 @@ TEST(LauncherEnv, BootstrapVariables) {
                                                       {"KOLO_CROSS_SIZE", "2"},
                                                       {"KOLO_STORE_ADDR", "node1"},
                                                       {"KOLO_STORE_PORT", "29500"},
-                                                      {"KOLO_JOB_ID", "node1-42-abcdef01"}}));
+                                                      {"KOLO_JOB_ID", "node1-42-abcdef01"},
+                                                      {"HOROVOD_RANK", "4"},
+                                                      {"HOROVOD_SIZE", "6"},
+                                                      {"HOROVOD_LOCAL_RANK", "1"},
+                                                      {"HOROVOD_LOCAL_SIZE", "3"},
+                                                      {"HOROVOD_CROSS_RANK", "1"},
+                                                      {"HOROVOD_CROSS_SIZE", "2"}}));
   job.backend = "gloo";
   job.timeout_seconds = 2.5;
   vars = as_map(kolo_variables(sample_placement(), job));
