@@ -9,6 +9,8 @@ types of docs/errors.md.
     kolo.RuntimeFault           the world failed (a peer died, a timeout): recoverable
     kolo.TimeoutError           a RuntimeFault: an operation did not finish in time
     kolo.MembershipChanged      elastic: a newer world waits (raised by State.commit)
+
+and ``kolo.run(fn, args, np=N)``, Horovod's ``horovod.run`` on kolorun.
 """
 # torch first: the extension links libtorch and converts torch.Tensor. It
 # links the libtorch of one torch version: under another one it would fail to
@@ -35,4 +37,6 @@ from kolo._kolo import (  # noqa: F401
     __version__,
 )
 
-__all__ = ["Error", "ContractError", "RuntimeFault", "TimeoutError", "MembershipChanged"]
+from kolo.runner import run  # noqa: E402 (after the version check)
+
+__all__ = ["Error", "ContractError", "RuntimeFault", "TimeoutError", "MembershipChanged", "run"]
