@@ -15,11 +15,19 @@ namespace kolo::detail {
 
 namespace {
 
+// Integers staged as double, prescaled and truncated as the kernels do
+// (rounding.h) in the same pass, so the staged and unstaged paths agree.
 template <typename T>
-void ints_to_double(const void* in, void* work, size_t count) {
+void ints_to_double(const void* in, void* work, size_t count, double prescale) {
   const T* src = static_cast<const T*>(in);
   double* dst = static_cast<double*>(work);
-  for (size_t i = 0; i < count; ++i) dst[i] = static_cast<double>(src[i]);
+  if (prescale == 1.0) {
+    for (size_t i = 0; i < count; ++i) dst[i] = static_cast<double>(src[i]);
+  } else {
+    for (size_t i = 0; i < count; ++i) {
+      dst[i] = prescale_integer<T>(static_cast<double>(src[i]), prescale);
+    }
+  }
 }
 
 // The finishing step of reduce.cc's integer kernels, (postscale * R) /
@@ -31,48 +39,19 @@ void double_to_ints(const void* work, void* out, size_t count, double postscale,
   for (size_t i = 0; i < count; ++i) dst[i] = truncate_saturate<T>(postscale * src[i] / divisor);
 }
 
-// Integers staged as double: prescale each value and truncate it as the
-// kernels do (rounding.h), so the staged and unstaged paths agree.
-template <typename T>
-void prescale_ints(void* work, size_t count, double prescale) {
-  double* values = static_cast<double*>(work);
-  for (size_t i = 0; i < count; ++i) values[i] = prescale_integer<T>(values[i], prescale);
-}
-
-// True when it handled `dtype` (an integer type); floats prescale on the wire.
-bool prescale_staged_ints(DType dtype, void* work, size_t count, double prescale) {
+// Integers are prescaled here; floats are prescaled on the wire afterwards.
+void to_wire(DType dtype, const void* in, void* work, size_t count, double prescale) {
   switch (dtype) {
     case DType::kU8:
-      return prescale_ints<uint8_t>(work, count, prescale), true;
+      return ints_to_double<uint8_t>(in, work, count, prescale);
     case DType::kI8:
-      return prescale_ints<int8_t>(work, count, prescale), true;
+      return ints_to_double<int8_t>(in, work, count, prescale);
     case DType::kI16:
-      return prescale_ints<int16_t>(work, count, prescale), true;
+      return ints_to_double<int16_t>(in, work, count, prescale);
     case DType::kI32:
-      return prescale_ints<int32_t>(work, count, prescale), true;
+      return ints_to_double<int32_t>(in, work, count, prescale);
     case DType::kI64:
-      return prescale_ints<int64_t>(work, count, prescale), true;
-    case DType::kF16:
-    case DType::kBF16:
-    case DType::kF32:
-    case DType::kF64:
-      break;
-  }
-  return false;
-}
-
-void to_wire(DType dtype, const void* in, void* work, size_t count) {
-  switch (dtype) {
-    case DType::kU8:
-      return ints_to_double<uint8_t>(in, work, count);
-    case DType::kI8:
-      return ints_to_double<int8_t>(in, work, count);
-    case DType::kI16:
-      return ints_to_double<int16_t>(in, work, count);
-    case DType::kI32:
-      return ints_to_double<int32_t>(in, work, count);
-    case DType::kI64:
-      return ints_to_double<int64_t>(in, work, count);
+      return ints_to_double<int64_t>(in, work, count, prescale);
     case DType::kF16:
       return f16_to_float_array(static_cast<const uint16_t*>(in), static_cast<float*>(work), count);
     case DType::kBF16: {
@@ -151,12 +130,11 @@ void stage_in(const ReductionPlan& plan, const AllreduceOptions& options, const 
               void* work, size_t count) {
   if (count == 0) return;
   if (plan.staged) {
-    to_wire(plan.dtype, in, work, count);
+    to_wire(plan.dtype, in, work, count, options.prescale);
+    if (!is_floating(plan.dtype)) return;  // prescaled while converting
   } else if (work != in) {
     std::memcpy(work, in, count * dtype_size(plan.dtype));
   }
-  if (options.prescale == 1.0) return;
-  if (plan.staged && prescale_staged_ints(plan.dtype, work, count, options.prescale)) return;
   apply_prescale(work, count, plan.wire, options.prescale);
 }
 

@@ -562,7 +562,6 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     given (a list or an int tensor of one count per rank of the set).
     """
     _check_tensor(tensor, "alltoall")
-    _splits(splits, "alltoall")  # refused before autograd, with the same message
     return _Alltoall.apply(tensor, splits, name, process_set)
 
 
