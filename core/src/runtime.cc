@@ -366,6 +366,11 @@ std::string Runtime::no_world(const std::string& call) const {
          "out of parameter-server programs";
 }
 
+bool Runtime::engine_stopped() {
+  std::lock_guard<std::mutex> lock(engine_mutex_);
+  return engine_ && engine_->stopped();
+}
+
 Engine& Runtime::engine() {
   std::lock_guard<std::mutex> lock(engine_mutex_);
   if (engine_) return *engine_;

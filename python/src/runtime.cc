@@ -74,6 +74,10 @@ void bind_runtime(py::module_& m) {
         "kolo::shutdown(): stops the engine and closes the communicators. Does nothing if "
         "not initialised.");
   m.def("is_initialized", &is_initialized);
+  m.def(
+      "engine_stopped", [] { return is_initialized() && runtime().engine_stopped(); },
+      "Runtime::engine_stopped: initialised, but the engine stopped after a fault (a peer's "
+      "shutdown, a stall shutdown, a dead peer); false when not initialised.");
   m.def("rank", &rank);
   m.def("size", &size);
   m.def("local_rank", &local_rank);

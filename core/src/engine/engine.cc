@@ -261,6 +261,11 @@ Engine::~Engine() = default;
 int Engine::rank() const { return impl_->rank; }
 int Engine::size() const { return impl_->size; }
 
+bool Engine::stopped() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->stopped;
+}
+
 Handle Engine::allreduce_async(const std::string& name, const TensorView& in, const TensorView& out,
                                const RequestOptions& options) {
   const std::string op = "allreduce_async";

@@ -2,19 +2,23 @@
 
 A DistributedOptimizer's C++ gradient pipeline belongs to the engine it was
 built on; shutdown() destroys that engine, and every elastic round builds a
-new one. Such objects register here and implement two methods:
+new one. Such objects register here and implement
 
     _kolo_unbind()   the runtime is about to go: remove hooks, drop C++ state
-    _kolo_rebind()   a new runtime runs: build them again (collective)
 
-Rebinding happens in creation order, which is the same on every rank, so
-the collective checks inside line up.
+and build their C++ state again themselves at their first use in a new
+runtime (compare their generation() with the current one). Not here at
+init(): which objects are still alive differs between ranks (a failed test's
+traceback keeps its optimizer alive on the rank that failed, a reference
+cycle lives until the next collection), and a collective construction made
+by one rank only would stall the others. The first use is the same on every
+rank that trains with the object.
 
-Under kolorun's elastic mode, objects built outside ``elastic.run`` bind at
-the start of each world inside it instead: a worker that joins a running job
-builds its objects before run() while the others are in run()'s sync of the
-state, and collective construction there would wait for ranks that wait for
-it (Horovod's rule: no collectives outside the elastic function).
+Under kolorun's elastic mode, objects built outside ``elastic.run`` bind
+inside it instead: a worker that joins a running job builds its objects
+before run() while the others are in run()'s sync of the state, and
+collective construction there would wait for ranks that wait for it
+(Horovod's rule: no collectives outside the elastic function).
 """
 import contextlib
 import weakref
@@ -49,23 +53,19 @@ def binding_deferred():
 
 def sync_with_runtime():
     """Call when a runtime may have started (init(), each elastic world): if it
-    is a new one, process sets of the old one are gone; objects not bound to
-    it are built on its engine (collective: every rank calls this alike)."""
+    is a new one, process sets of the old one are gone (registered objects
+    rebind at their first use)."""
     global _generation
     current = generation()
     if current != _generation:
         _generation = current
         process_sets._after_shutdown()
         process_sets._after_init()
-    if binding_deferred():
-        return
-    for obj in _live():
-        obj._kolo_rebind()  # does nothing if bound to this runtime
 
 
 @contextlib.contextmanager
 def elastic_world():
-    """Inside elastic.run's function: objects bind as they are built."""
+    """Inside elastic.run's function: objects bind as they are built or used."""
     global _in_elastic_run
     _in_elastic_run = True
     try:

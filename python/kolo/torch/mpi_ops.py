@@ -47,7 +47,10 @@ def init(comm=None, process_sets=None):
 
     Under kolorun's elastic mode it joins the first world (the script then
     trains inside ``kolo.torch.elastic.run``). Does nothing if kolo is
-    already initialised (as Horovod). ``process_sets``: ProcessSet objects to
+    already initialised (as Horovod), unless its engine stopped after a fault
+    (a peer's shutdown, a stall shutdown): then it shuts down and starts a new
+    runtime, as ``shutdown()`` + ``init()`` would; every rank calls it, as
+    every rank calls init(). ``process_sets``: ProcessSet objects to
     create right away (every set can also be added later), or "dynamic".
     ``comm`` (a sub-communicator of the world) is not supported: pass None.
     """
@@ -62,7 +65,9 @@ def init(comm=None, process_sets=None):
                 "objects, None or \"dynamic\"")
         process_sets = None
     if _kolo.is_initialized():
-        return
+        if not _kolo.engine_stopped():
+            return
+        shutdown()
     _kolo.init()
     _lifecycle.sync_with_runtime()
     for process_set in process_sets or []:

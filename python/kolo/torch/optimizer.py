@@ -48,7 +48,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._kolo_local = process_set.included() is False
         self._kolo_exchange = None
         self._kolo_generation = None
-        if not _lifecycle.binding_deferred():
+        if not self._kolo_local and not _lifecycle.binding_deferred():
             self._kolo_rebind()
         # Registered once built (a construction that failed is not rebuilt later).
         _lifecycle.register(self)
@@ -56,10 +56,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # --- binding to the runtime's engine (kolo.torch._lifecycle)
 
     def _kolo_rebind(self):
-        if self._kolo_local:
-            return
-        if self._kolo_exchange is not None and self._kolo_generation == _lifecycle.generation():
-            return
+        # Collective over the process set: at construction, and at the first
+        # use in a runtime newer than the exchange (_kolo_pipeline).
         self._kolo_exchange = None
         # A naming problem on one rank must not leave the others in the
         # collective construction below: every rank learns of it.
@@ -78,15 +76,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ContractError(
                 "kolo.torch.DistributedOptimizer: this rank is not in the optimizer's process "
                 "set, so it trains locally and has no gradient exchange")
-        if self._kolo_exchange is None:
+        if self._kolo_exchange is None or self._kolo_generation != _lifecycle.generation():
             if _lifecycle.binding_deferred():
                 raise ContractError(
                     "kolo.torch.DistributedOptimizer: under kolorun's elastic mode its gradient "
-                    "exchange is built when hvd.elastic.run starts; train inside the function "
-                    "it runs")
-            raise ContractError(
-                "kolo.torch.DistributedOptimizer: kolo was shut down; its gradient exchange "
-                "comes back with the next init()")
+                    "exchange is built inside hvd.elastic.run; train inside the function it runs")
+            if not _kolo.is_initialized():
+                raise ContractError(
+                    "kolo.torch.DistributedOptimizer: kolo was shut down; its gradient exchange "
+                    "comes back at its first use after the next init()")
+            self._kolo_rebind()
         return self._kolo_exchange
 
     # --- Horovod's API
@@ -188,9 +187,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     optimizer. ``op`` is Average or Sum; ``compression`` Compression.none,
     .fp16 or .bf16; ``backward_passes_per_step`` k accumulates k passes
     locally and divides by k; ``gradient_predivide_factor`` f divides by f
-    before the sum and by size/f after it. ``num_groups`` / ``groups`` /
-    ``sparse_as_dense`` are accepted for Horovod's signature; kolo's buckets
-    group the gradients. Collective: every rank of ``process_set`` builds
+    before the sum and by size/f after it. ``num_groups`` / ``groups`` are
+    accepted for Horovod's signature; kolo's buckets group the gradients.
+    Sparse gradients (``nn.Embedding(sparse=True)``) are averaged dense and
+    handed back sparse whatever ``sparse_as_dense`` says. Collective: every rank of ``process_set`` builds
     it at the same point, with the same parameters (checked); a rank outside
     ``process_set`` gets an optimizer that trains on its own gradients.
     """

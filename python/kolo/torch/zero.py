@@ -75,11 +75,9 @@ class _ZeroOptimizer(torch.optim.Optimizer):
 
     # --- bound to the runtime it was built in (kolo.torch._lifecycle)
 
-    def _kolo_rebind(self):
-        pass  # the shards belong to the old world: _kolo_zero() refuses
-
     def _kolo_unbind(self):
-        # Removes the C++ hooks before the engine goes.
+        # Removes the C++ hooks before the engine goes; the shards belong to
+        # that runtime, so _kolo_zero() refuses afterwards.
         self._kolo_sharding = None
 
     def _kolo_zero(self):

@@ -168,6 +168,11 @@ class Engine {
   int rank() const;
   int size() const;
 
+  // True once the engine's thread has stopped (a fault, a stall shutdown, a
+  // peer's shutdown): every later submit fails with RuntimeFault. To go on,
+  // shut the runtime down and initialise it again (all ranks, as always).
+  bool stopped() const;
+
   // out may equal in (in place). Shapes must match across ranks.
   Handle allreduce_async(const std::string& name, const TensorView& in, const TensorView& out,
                          const RequestOptions& options = {});

@@ -88,6 +88,9 @@ class Runtime {
   // same way under "<world prefix>/engine/set<id>". Settings come from
   // config() (KOLO_CYCLE_TIME_MS ...). Destroyed before the world communicator.
   Engine& engine();
+  // The engine was created and has stopped (Engine::stopped): this runtime
+  // can run no more collectives and must be shut down. False before engine().
+  bool engine_stopped();
 
   // In-process replicas (replica_group.h): the engine communicators of this
   // process's replica `replica` in a world of size() * replicas members, in
