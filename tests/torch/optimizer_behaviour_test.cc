@@ -1,6 +1,7 @@
 // DistributedOptimizer behaviour: allreduces start inside backward() (last
 // layer first, in buckets), parameters without a gradient on some rank, frozen
-// parameters, synchronize() before step(), process sets, and the errors.
+// parameters, synchronize() before step(), process sets, sparse gradients,
+// and the errors.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "kolo/core/errors.h"
+#include "kolo/torch/comm_hook.h"
 #include "kolo/torch/optimizer.h"
 #include "optimizer_harness.h"
 #include "thread_ranks.h"
@@ -385,6 +387,54 @@ TEST_F(OptimizerBehaviour, ZeroGradWithAGradientQueuedInABucketIsAnError) {
   twice.step();
   EXPECT_EQ(twice.stats().steps, 1u);
   ot::finish(*engine);
+}
+
+// An embedding with sparse=true: its gradient is averaged dense and handed
+// back sparse (the same sparse_dim), holding exactly the rows some rank
+// touched, with a request per gradient (the default) and through a
+// communication hook.
+TEST_F(OptimizerBehaviour, SparseGradientsAreAveragedDenseAndHandedBackSparse) {
+  constexpr int kWorld = 3;
+  // Rank r looks up rows {r, 4, 4} (row 4 twice: an uncoalesced gradient).
+  auto rows_of = [](int rank) { return torch::tensor({int64_t{rank}, int64_t{4}, int64_t{4}}); };
+  torch::Tensor expected = torch::zeros({6, 2});
+  for (int r = 0; r < kWorld; ++r) expected.index_add_(0, rows_of(r), torch::ones({3, 2}));
+  expected /= kWorld;
+  for (const char* mode : {"per gradient", "hook"}) {
+    SCOPED_TRACE(mode);
+    EngineWorld engines("threads", kWorld);
+    ot::run_ranks(kWorld, [&](int rank) {
+      auto engine = engines.engine(rank);
+      torch::nn::Embedding embedding(torch::nn::EmbeddingOptions(6, 2).sparse(true));
+      torch::nn::Linear dense(2, 1);  // a dense gradient in the same step
+      {
+        torch::NoGradGuard no_grad;
+        dense->weight.fill_(0.5);  // d sum(dense(e)) / de = 0.5 per looked-up row element
+      }
+      DistributedOptimizerOptions o = with_engine(*engine);
+      if (std::string(mode) == "hook") {
+        o.comm_hook = make_comm_hook("allreduce", [](CommBucket& bucket) {
+          return CommFuture(allreduce_async_(bucket.buffer, bucket.name, bucket.reduce));
+        });
+      }
+      DistributedOptimizer optimizer(
+          {{"embedding.weight", embedding->weight}, {"dense.weight", dense->weight}}, o);
+      for (int step = 0; step < 2; ++step) {
+        optimizer.zero_grad();
+        dense(embedding(rows_of(rank))).sum().backward();
+        ASSERT_TRUE(embedding->weight.grad().is_sparse());
+        optimizer.synchronize();
+        const torch::Tensor grad = embedding->weight.grad();
+        ASSERT_TRUE(grad.is_sparse()) << "step " << step;
+        EXPECT_EQ(grad.sparse_dim(), 1);
+        // Rows 0..kWorld-1 and 4, each once.
+        EXPECT_EQ(grad.coalesce().indices().numel(), kWorld + 1);
+        ot::expect_close(grad.to_dense(), expected * 0.5, 1e-6, 1e-7,
+                         "step " + std::to_string(step) + " rank " + std::to_string(rank));
+      }
+      ot::finish(*engine);
+    });
+  }
 }
 
 TEST_F(OptimizerBehaviour, InvalidOptionsAreContractErrors) {

@@ -147,8 +147,22 @@ void GradientPipeline::point_grads(int b, const torch::Tensor& flat) {
 }
 
 bool GradientPipeline::occupies(const torch::Tensor& t, const torch::Tensor& slot) {
-  return t.defined() && t.data_ptr() == slot.data_ptr() && t.sizes() == slot.sizes() &&
-         t.is_contiguous();
+  return t.defined() && t.layout() == torch::kStrided && t.data_ptr() == slot.data_ptr() &&
+         t.sizes() == slot.sizes() && t.is_contiguous();
+}
+
+void GradientPipeline::to_dense(const torch::Tensor& target, const torch::Tensor& grad) {
+  if (grad.is_sparse()) {
+    target.zero_();
+    target.add_(grad);  // converts the dtype, sums duplicate indices
+  } else {
+    target.copy_(grad);
+  }
+}
+
+torch::Tensor GradientPipeline::from_dense(const torch::Tensor& result, const torch::Tensor& grad) {
+  if (!grad.is_sparse()) return result;
+  return result.to(grad.scalar_type()).to_sparse(grad.sparse_dim());
 }
 
 void GradientPipeline::pack(int b, const torch::Tensor& flat, AfterPack after) {
@@ -157,9 +171,15 @@ void GradientPipeline::pack(int b, const torch::Tensor& flat, AfterPack after) {
     GradParam& p = params[index];
     torch::Tensor target = slot(flat, index);
     const torch::Tensor& grad = p.param.grad();
+    if (grad.defined() && grad.is_sparse() && after == AfterPack::kView) {
+      throw ContractError(options_.op + ": the gradient of '" + shown(p) +
+                          "' is sparse (an embedding with sparse=true?), and gradients as "
+                          "bucket views must be dense; turn gradient_as_bucket_view off or "
+                          "make the embedding dense");
+    }
     if (!occupies(grad, target)) {
       if (grad.defined()) {
-        target.copy_(grad);
+        to_dense(target, grad);
         count_copy(target.nbytes());
       } else {
         target.zero_();
@@ -180,8 +200,12 @@ void GradientPipeline::unpack(int b, const torch::Tensor& flat) {
     GradParam& p = params[index];
     torch::Tensor source = slot(flat, index);
     if (occupies(p.param.grad(), source)) continue;
-    p.param.mutable_grad().copy_(source);
-    count_copy(p.param.grad().nbytes());
+    if (p.param.grad().is_sparse()) {
+      p.param.mutable_grad() = from_dense(source, p.param.grad());
+    } else {
+      p.param.mutable_grad().copy_(source);
+    }
+    count_copy(source.nbytes());
   }
 }
 

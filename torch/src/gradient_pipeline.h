@@ -170,15 +170,25 @@ class GradientPipeline {
   // zero_() on this one keep it in the slot.
   torch::Tensor grad_slot(const torch::Tensor& flat, int i) const;
   // Whether `t` is exactly the memory of `slot` (a gradient or parameter
-  // still in its flat buffer).
+  // still in its flat buffer). Never true of a sparse tensor.
   static bool occupies(const torch::Tensor& t, const torch::Tensor& slot);
+  // Sparse gradients (nn.Embedding(sparse=true), a sparse COO .grad()) are
+  // exchanged dense, as Horovod's sparse_as_dense: `to_dense` writes the
+  // gradient into the dense `target` of its shape (a sparse one summed into
+  // zeros, duplicates included); `from_dense` is the reduced dense `result`
+  // as the gradient's layout again (a sparse one with the same sparse_dim,
+  // holding the rows that are not all zero after the reduction).
+  static void to_dense(const torch::Tensor& target, const torch::Tensor& grad);
+  static torch::Tensor from_dense(const torch::Tensor& result, const torch::Tensor& grad);
   // Copies each gradient of bucket b into its slot of `flat` (converting the
   // dtype; zeros for an undefined gradient, counted as zero-filled), except a
   // gradient that already is its slot; then treats .grad() as `after` says.
-  // Counts the copies (stats()).
+  // Counts the copies (stats()). A sparse gradient is densified (to_dense);
+  // AfterPack::kView refuses one (a view of the buffer cannot be sparse).
   void pack(int b, const torch::Tensor& flat, AfterPack after);
   // Copies each slot of `flat` into its parameter's .grad() (converting),
-  // except where .grad() is that slot. Gradients must be defined. Counts the
+  // except where .grad() is that slot; a sparse .grad() is replaced by the
+  // slot made sparse (from_dense). Gradients must be defined. Counts the
   // copies.
   void unpack(int b, const torch::Tensor& flat);
   // .grad() of parameter i, or zeros shaped like the parameter if it is

@@ -108,8 +108,9 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
   torch::nn::Module* model = nullptr;            // null: not given (no checkpoints)
   detail::GradientPipeline pipeline;
 
-  // Per parameter: the copy it is sent in when not contiguous (kept across
-  // steps), and the .grad() it was filled from (copied back).
+  // Per parameter: the dense copy it is sent in when not contiguous or
+  // sparse (kept across steps), and the .grad() it was filled from (copied
+  // back; a sparse one replaced by the result made sparse).
   struct Staging {
     torch::Tensor buffer;
     torch::Tensor from;
@@ -206,13 +207,13 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
     for (int i : pipeline.buckets[b].params) {
       torch::Tensor grad = pipeline.gradient_or_zeros(i, /*store=*/true);
       torch::Tensor target = grad;
-      if (!grad.is_contiguous()) {
+      if (grad.is_sparse() || !grad.is_contiguous()) {
         Staging& s = staging[i];
         if (!s.buffer.defined() || s.buffer.scalar_type() != grad.scalar_type() ||
             s.buffer.sizes() != grad.sizes()) {
           s.buffer = torch::empty(grad.sizes(), torch::TensorOptions().dtype(grad.scalar_type()));
         }
-        s.buffer.copy_(grad);
+        detail::GradientPipeline::to_dense(s.buffer, grad);
         pipeline.count_copy(s.buffer.nbytes());
         s.from = grad;
         target = s.buffer;
@@ -280,7 +281,12 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
     for (int i : pipeline.buckets[b].params) {
       Staging& s = staging[i];
       if (ok && s.from.defined()) {
-        s.from.copy_(s.buffer);
+        if (s.from.is_sparse()) {
+          pipeline.params[i].param.mutable_grad() =
+              detail::GradientPipeline::from_dense(s.buffer, s.from);
+        } else {
+          s.from.copy_(s.buffer);
+        }
         pipeline.count_copy(s.buffer.nbytes());
       }
       s.from = torch::Tensor();

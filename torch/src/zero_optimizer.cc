@@ -96,7 +96,7 @@ void ZeroState::submit_reduce(int b) {
     // its gradient where it lies rather than from a packed copy.
     ZeroParam& p = params[bucket.params[0]];
     const torch::Tensor& grad = p.param.grad();
-    if (grad.defined() && grad.is_contiguous()) {
+    if (grad.defined() && !grad.is_sparse() && grad.is_contiguous()) {
       bucket.full_grad = grad.view({-1});
       p.param.mutable_grad() = torch::Tensor();
       start(bucket.full_grad);
