@@ -3,9 +3,14 @@ file (test/parallel/test_torch.py) checks, in kolo's tests. Integer scaling
 truncates, Average after join() divides by the whole set, grouped allgather
 and reducescatter are differentiable, alltoall's backward without splits
 sends back what each rank received, DistributedOptimizer trains locally on a
-rank outside its process set, sparse tensors reduce by allgather, bad splits
-fail on the rank that passed them and leave the ranks in step, State.sync
-loads on every rank, and kolorun exports Horovod's rank variables."""
+rank outside its process set, sparse tensors reduce by allgather and sparse
+embedding gradients train with SparseAdam, bad splits fail on the rank that
+passed them and leave the ranks in step, State.sync loads on every rank,
+kolorun exports Horovod's rank variables, and a session goes on after a
+fault (init() replaces a stopped engine; an optimizer alive on one rank only
+stays out of the next runtime)."""
+import copy
+import gc
 import os
 
 import pytest
@@ -165,3 +170,74 @@ def test_state_sync_loads_on_every_rank_the_root_included(world):
     state.sync()
     assert state.value == 0
     assert loads == [world.rank()]
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_sparse_embedding_gradients_train_with_sparse_adam(world, sparse_as_dense):
+    n, me = world.size(), world.rank()
+    torch.manual_seed(0)
+    model = torch.nn.Embedding(10, 3, sparse=True)
+    single = copy.deepcopy(model)
+    # Rank r's lookups (row 4 on every rank, twice on some).
+    inputs = [torch.tensor([[r % 10, 4], [4, (2 * r + 1) % 10]]) for r in range(n)]
+    opt = world.DistributedOptimizer(torch.optim.SparseAdam(list(model.parameters()), lr=0.1),
+                                     named_parameters=model.named_parameters(),
+                                     sparse_as_dense=sparse_as_dense)
+    single_opt = torch.optim.SparseAdam(list(single.parameters()), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        model(inputs[me]).sum().backward()
+        opt.step()
+        assert model.weight.grad.is_sparse
+        # One process with the whole batch: the mean of the ranks' losses.
+        single_opt.zero_grad()
+        (sum(single(x).sum() for x in inputs) / n).backward()
+        single_opt.step()
+    torch.testing.assert_close(model.weight.detach(), single.weight.detach(),
+                               rtol=1e-6, atol=1e-6)
+    untouched = sorted(set(range(10)) - {int(i) for x in inputs for i in x.flatten()})
+    assert untouched, "the lookups must leave some row untouched"
+    assert torch.equal(model.weight.detach()[untouched], single.weight.detach()[untouched])
+
+
+def test_init_after_a_fault_starts_a_new_engine(world):
+    n, me = world.size(), world.rank()
+    last = n - 1
+    if me == last:
+        # The others wait in a collective this rank never submits.
+        world.shutdown()
+        assert not world.is_initialized()
+    else:
+        with pytest.raises(kolo.RuntimeFault, match="shut down"):
+            world.allreduce(torch.ones(1), name="fault.never_submitted_by_the_last_rank")
+        # As Horovod: still initialised, every request fails at once...
+        assert world.is_initialized()
+        with pytest.raises(kolo.RuntimeFault):
+            world.allreduce(torch.ones(1), name="fault.after")
+    # ... until init(), on every rank, replaces the stopped engine.
+    world.init()
+    assert world.allreduce(torch.ones(2), op=hvd.Sum).tolist() == [float(n)] * 2
+
+
+def test_an_optimizer_alive_on_one_rank_only_stays_out_of_the_next_runtime(world):
+    n, me = world.size(), world.rank()
+    model = torch.nn.Linear(2, 1)
+    kept = world.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      named_parameters=model.named_parameters())
+    if me != 0:
+        # As a failed test's traceback does, rank 0 alone keeps it alive.
+        del kept
+        gc.collect()
+    world.shutdown()
+    world.init()
+    fresh = torch.nn.Linear(2, 1)
+    world.broadcast_parameters(fresh.state_dict(), root_rank=0)
+    opt = world.DistributedOptimizer(torch.optim.SGD(fresh.parameters(), lr=0.1),
+                                     named_parameters=fresh.named_parameters())
+    opt.zero_grad()
+    fresh(torch.full((1, 2), float(me + 1))).sum().backward()
+    opt.step()
+    # d/dw of w.x + b is x: the mean of 1..n.
+    assert torch.allclose(fresh.weight.grad, torch.full((1, 2), (n + 1) / 2))
+    if me == 0:
+        del kept
