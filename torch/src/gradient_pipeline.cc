@@ -160,9 +160,12 @@ void GradientPipeline::to_dense(const torch::Tensor& target, const torch::Tensor
   }
 }
 
-torch::Tensor GradientPipeline::from_dense(const torch::Tensor& result, const torch::Tensor& grad) {
-  if (!grad.is_sparse()) return result;
-  return result.to(grad.scalar_type()).to_sparse(grad.sparse_dim());
+void GradientPipeline::write_back(torch::Tensor& grad, const torch::Tensor& result) {
+  if (grad.is_sparse()) {
+    grad = result.to(grad.scalar_type()).to_sparse(grad.sparse_dim());
+  } else {
+    grad.copy_(result);
+  }
 }
 
 void GradientPipeline::pack(int b, const torch::Tensor& flat, AfterPack after) {
@@ -200,11 +203,7 @@ void GradientPipeline::unpack(int b, const torch::Tensor& flat) {
     GradParam& p = params[index];
     torch::Tensor source = slot(flat, index);
     if (occupies(p.param.grad(), source)) continue;
-    if (p.param.grad().is_sparse()) {
-      p.param.mutable_grad() = from_dense(source, p.param.grad());
-    } else {
-      p.param.mutable_grad().copy_(source);
-    }
+    write_back(p.param.mutable_grad(), source);
     count_copy(source.nbytes());
   }
 }

@@ -175,11 +175,12 @@ class GradientPipeline {
   // Sparse gradients (nn.Embedding(sparse=true), a sparse COO .grad()) are
   // exchanged dense, as Horovod's sparse_as_dense: `to_dense` writes the
   // gradient into the dense `target` of its shape (a sparse one summed into
-  // zeros, duplicates included); `from_dense` is the reduced dense `result`
-  // as the gradient's layout again (a sparse one with the same sparse_dim,
-  // holding the rows that are not all zero after the reduction).
+  // zeros, duplicates included); `write_back` puts the reduced dense `result`
+  // into the .grad() `grad` it came from: copied into a dense one, a new
+  // sparse tensor of the same sparse_dim for a sparse one (holding the rows
+  // that are not all zero after the reduction).
   static void to_dense(const torch::Tensor& target, const torch::Tensor& grad);
-  static torch::Tensor from_dense(const torch::Tensor& result, const torch::Tensor& grad);
+  static void write_back(torch::Tensor& grad, const torch::Tensor& result);
   // Copies each gradient of bucket b into its slot of `flat` (converting the
   // dtype; zeros for an undefined gradient, counted as zero-filled), except a
   // gradient that already is its slot; then treats .grad() as `after` says.
@@ -187,9 +188,8 @@ class GradientPipeline {
   // AfterPack::kView refuses one (a view of the buffer cannot be sparse).
   void pack(int b, const torch::Tensor& flat, AfterPack after);
   // Copies each slot of `flat` into its parameter's .grad() (converting),
-  // except where .grad() is that slot; a sparse .grad() is replaced by the
-  // slot made sparse (from_dense). Gradients must be defined. Counts the
-  // copies.
+  // except where .grad() is that slot (write_back: a sparse .grad() is
+  // replaced). Gradients must be defined. Counts the copies.
   void unpack(int b, const torch::Tensor& flat);
   // .grad() of parameter i, or zeros shaped like the parameter if it is
   // undefined (counted as zero-filled; stored in .grad() when `store`).

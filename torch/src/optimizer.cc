@@ -281,12 +281,7 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
     for (int i : pipeline.buckets[b].params) {
       Staging& s = staging[i];
       if (ok && s.from.defined()) {
-        if (s.from.is_sparse()) {
-          pipeline.params[i].param.mutable_grad() =
-              detail::GradientPipeline::from_dense(s.buffer, s.from);
-        } else {
-          s.from.copy_(s.buffer);
-        }
+        detail::GradientPipeline::write_back(pipeline.params[i].param.mutable_grad(), s.buffer);
         pipeline.count_copy(s.buffer.nbytes());
       }
       s.from = torch::Tensor();
