@@ -190,9 +190,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     before the sum and by size/f after it. ``num_groups`` / ``groups`` are
     accepted for Horovod's signature; kolo's buckets group the gradients.
     Sparse gradients (``nn.Embedding(sparse=True)``) are averaged dense and
-    handed back sparse whatever ``sparse_as_dense`` says. Collective: every rank of ``process_set`` builds
-    it at the same point, with the same parameters (checked); a rank outside
-    ``process_set`` gets an optimizer that trains on its own gradients.
+    handed back sparse whatever ``sparse_as_dense`` says. Collective: every
+    rank of ``process_set`` builds it at the same point, with the same
+    parameters (checked); a rank outside ``process_set`` gets an optimizer
+    that trains on its own gradients.
     """
     if groups is not None or num_groups:
         warnings.warn("kolo.torch.DistributedOptimizer: num_groups/groups are ignored; kolo "

@@ -70,7 +70,6 @@ class _ZeroOptimizer(torch.optim.Optimizer):
             process_set=set_id, bucket_bytes=bucket_bytes)
         for group, pieces in zip(self.param_groups, self._kolo_sharding.pieces()):
             group["params"] = pieces
-        self._kolo_generation = _lifecycle.generation()
         _lifecycle.register(self)
 
     # --- bound to the runtime it was built in (kolo.torch._lifecycle)
