@@ -68,7 +68,7 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& flags) {
                  "(--zero-stage 0) or every rank its own (stages 1-3); with --elastic, every "
                  "commit to <dir>/elastic.commit and each round's starting state to "
                  "<dir>/round<k>.start; with --strategy ps-*, every parameter server its "
-                 "shard <dir>/ps-shard-<s>-of-<S>.kolo");
+                 "shards <dir>/ps-shard-<s>-of-<S>-step-<N>.kolo (its newest 3 saves)");
   app.add_flag("--resume", flags.resume,
                "Start from the checkpoint in --checkpoint-dir (same --zero-stage kind; a ZeRO "
                "checkpoint loads at any worker count; a parameter-server one at the worker and "

@@ -498,8 +498,11 @@ TEST_F(FashionMnistExample, ParameterServersCheckpointAndResume) {
   RunResult first, second;
   ASSERT_NO_FATAL_FAILURE(train_then_resume(dir, {"--strategy", "ps-sync", "--progress-lines=0"},
                                             first, second, {"--servers", "2"}));
-  EXPECT_TRUE(std::filesystem::exists(dir + "/ps-shard-0-of-2.kolo"));
-  EXPECT_TRUE(std::filesystem::exists(dir + "/ps-shard-1-of-2.kolo"));
+  // Each server's shards of both epochs' saves (steps 32 and 64).
+  for (const char* step : {"32", "64"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/ps-shard-0-of-2-step-" + step + ".kolo")) << step;
+    EXPECT_TRUE(std::filesystem::exists(dir + "/ps-shard-1-of-2-step-" + step + ".kolo")) << step;
+  }
   EXPECT_NE(first.out.find("Saved " + dir), std::string::npos) << first.out;
   // The resumed job trains epoch 2 only: 32 rounds of 2 pushes per server.
   EXPECT_NE(second.out.find("Parameter server 1: 64 update(s)"), std::string::npos) << second.out;

@@ -5,8 +5,13 @@
 //  - sync mode with Adam: 3 steps, a save, a new job resuming from it for 3
 //    more steps ends exactly where 6 uninterrupted steps end (parameters and
 //    optimizer state both restored);
-//  - a save resumed at another server count, a damaged shard, and a
-//    directory mixing the shards of two saves are clear errors;
+//  - a save resumed at another server count, a damaged shard, and servers
+//    resuming from different saves (one directory per server) are clear
+//    errors;
+//  - two phases: a save that fails on one server leaves the last complete
+//    save, which the next job resumes from (a newer save only some servers
+//    wrote is passed over, and its shards removed); each server keeps its
+//    newest 3 saves;
 //  - WorkerOptimizer's checkpoints (what kolo::ModelCheckpoint calls): saved
 //    by the servers at each epoch's end, resumed at the epoch after it, equal
 //    to the uninterrupted run; a period that does not fit the epochs, a
@@ -105,6 +110,12 @@ Job run_job(int servers, const Mlp& initial, const std::vector<Batch>& batches, 
   return job;
 }
 
+// Server `server` of `servers`' shard of the save at `step` in `dir`.
+std::string shard(const std::string& dir, int server, int servers, int64_t step) {
+  return dir + "/ps-shard-" + std::to_string(server) + "-of-" + std::to_string(servers) + "-step-" +
+         std::to_string(step) + ".kolo";
+}
+
 void expect_same_shards(const Job& a, const Job& b, const std::string& what) {
   ASSERT_EQ(a.shards.size(), b.shards.size()) << what;
   for (size_t s = 0; s < a.shards.size(); ++s) {
@@ -137,8 +148,8 @@ TEST_F(PsCheckpoint, SyncResumeContinuesIdentically) {
   save.checkpoint_dir = dir.path();
   save.checkpoint_every = 3;
   const Job first = run_job(2, *initial, batches, 3, save);
-  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/ps-shard-0-of-2.kolo"));
-  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/ps-shard-1-of-2.kolo"));
+  EXPECT_TRUE(std::filesystem::exists(shard(dir.path(), 0, 2, 3)));
+  EXPECT_TRUE(std::filesystem::exists(shard(dir.path(), 1, 2, 3)));
 
   // Round trip: resumed servers hold what was saved; workers start at step 3.
   PsOptions resume = sync_options();
@@ -169,7 +180,9 @@ TEST_F(PsCheckpoint, AnotherServerCountIsRefused) {
     FAIL() << "a save of 2 servers resumed on 1";
   } catch (const ContractError& e) {
     const std::string text = e.what();
-    EXPECT_NE(text.find("ps-shard-0-of-1.kolo' does not exist"), std::string::npos) << text;
+    EXPECT_NE(text.find("it holds no shard of this server (ps-shard-0-of-1-step-<step>.kolo)"),
+              std::string::npos)
+        << text;
     EXPECT_NE(text.find("holds the shards of 2 server(s) and this job has 1"), std::string::npos)
         << text;
     EXPECT_NE(text.find("kolorun --servers 2"), std::string::npos) << text;
@@ -182,9 +195,9 @@ TEST_F(PsCheckpoint, ADamagedShardIsAnErrorNamingIt) {
   save.checkpoint_dir = dir.path();
   save.checkpoint_every = 1;
   run_job(1, *initial, batches, 1, save);
-  const std::string shard = dir.path() + "/ps-shard-0-of-1.kolo";
+  const std::string damaged = shard(dir.path(), 0, 1, 1);
   {
-    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(damaged, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(100);
     f.put('\x5a');
   }
@@ -198,12 +211,14 @@ TEST_F(PsCheckpoint, ADamagedShardIsAnErrorNamingIt) {
     server.run();
     FAIL() << "a damaged shard was loaded";
   } catch (const ContractError& e) {
-    EXPECT_NE(std::string(e.what()).find(shard), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(damaged), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
   }
 }
 
-TEST_F(PsCheckpoint, AMixOfTwoSavesIsRefused) {
+TEST_F(PsCheckpoint, ServersResumingFromDifferentSavesAreRefused) {
+  // One directory per server (as on hosts without a shared disk): server 0's
+  // holds the save at step 2, server 1's the one at step 4.
   testing::TempDir early("kolo-ps-checkpoint"), late("kolo-ps-checkpoint");
   PsOptions save = sync_options();
   save.checkpoint_dir = early.path();
@@ -211,23 +226,22 @@ TEST_F(PsCheckpoint, AMixOfTwoSavesIsRefused) {
   run_job(2, *initial, batches, 2, save);  // saves step 2
   save.checkpoint_dir = late.path();
   run_job(2, *initial, batches, 4, save);  // saves steps 2 and 4
-  // Server 1's shard of the later save next to server 0's of the earlier one
-  // (what a crash between two servers' saves would leave).
-  std::filesystem::copy_file(late.path() + "/ps-shard-1-of-2.kolo",
-                             early.path() + "/ps-shard-1-of-2.kolo",
-                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::remove(shard(early.path(), 1, 2, 2));
+  for (int64_t step : {2, 4}) std::filesystem::remove(shard(late.path(), 0, 2, step));
+  std::filesystem::remove(shard(late.path(), 1, 2, 2));
 
   PsOptions resume = sync_options();
-  resume.resume_from = early.path();
   resume.idle_timeout = std::chrono::seconds(5);  // the servers give up on the refusing worker
   std::vector<Links> links = make_thread_links(1, 2, kTimeout);
   auto errors = testing::run_ranks_catching(3, [&](int rank) {
     auto model = ot::clone_of(*initial);
+    PsOptions mine = resume;
+    mine.resume_from = rank == 2 ? late.path() : early.path();
     if (rank >= 1) {
-      Server server(model->named_parameters(), adam(), std::move(links[rank]), resume);
+      Server server(model->named_parameters(), adam(), std::move(links[rank]), mine);
       server.run();
     } else {
-      Worker w(model->named_parameters(), std::move(links[0]), resume);
+      Worker w(model->named_parameters(), std::move(links[0]), mine);
     }
   });
   ASSERT_TRUE(errors[0]);
@@ -240,6 +254,60 @@ TEST_F(PsCheckpoint, AMixOfTwoSavesIsRefused) {
               std::string::npos)
         << text;
     EXPECT_NE(text.find("a mix of two checkpoints"), std::string::npos) << text;
+  }
+}
+
+TEST_F(PsCheckpoint, ASaveThatFailsOnOneServerLeavesTheLastCompleteOne) {
+  testing::TempDir dir("kolo-ps-checkpoint");
+  PsOptions save = sync_options();
+  save.checkpoint_dir = dir.path();
+  save.checkpoint_every = 2;
+  // The workers and server 0 give up on the failed server within seconds.
+  save.idle_timeout = std::chrono::seconds(5);
+  save.timeout = std::chrono::seconds(5);
+  const Job at2 = run_job(2, *initial, batches, 2, sync_options());
+  // Server 1 cannot write its shard of step 4 (a directory stands where the
+  // file goes: to that server, a full or broken disk); server 0 can.
+  std::filesystem::create_directories(shard(dir.path(), 1, 2, 4));
+  std::exception_ptr failed;
+  try {
+    run_job(2, *initial, batches, 6, save);
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  ASSERT_TRUE(failed) << "the job went on after a failed save";
+  std::string text;
+  try {
+    std::rethrow_exception(failed);
+  } catch (const std::exception& e) {
+    text = e.what();
+  }
+  EXPECT_NE(text.find("saving its checkpoint at step 4 failed"), std::string::npos) << text;
+  EXPECT_TRUE(std::filesystem::exists(shard(dir.path(), 0, 2, 2)));
+  EXPECT_TRUE(std::filesystem::exists(shard(dir.path(), 1, 2, 2)));
+  std::filesystem::remove(shard(dir.path(), 1, 2, 4));
+
+  // The next job resumes from step 2, the newest save both servers wrote,
+  // exactly as it was, and server 0's shard of step 4 goes.
+  PsOptions resume = sync_options();
+  resume.resume_from = dir.path();
+  const Job resumed = run_job(2, *initial, batches, 2, resume);
+  EXPECT_EQ(resumed.start, (std::vector<int64_t>{2, 2}));
+  expect_same_shards(at2, resumed, "resumed after a failed save");
+  EXPECT_FALSE(std::filesystem::exists(shard(dir.path(), 0, 2, 4)));
+}
+
+TEST_F(PsCheckpoint, EachServerKeepsItsNewestSaves) {
+  testing::TempDir dir("kolo-ps-checkpoint");
+  PsOptions save = sync_options();
+  save.checkpoint_dir = dir.path();
+  save.checkpoint_every = 1;
+  run_job(2, *initial, batches, 6, save);  // saves steps 1 to 6, keeps 4 to 6
+  for (int server = 0; server < 2; ++server) {
+    for (int64_t step = 1; step <= 6; ++step) {
+      EXPECT_EQ(std::filesystem::exists(shard(dir.path(), server, 2, step)), step > 3)
+          << "server " << server << ", step " << step;
+    }
   }
 }
 
@@ -306,8 +374,8 @@ TEST_F(PsCheckpoint, WorkerOptimizerSavesThroughTheServersAndResumesAtTheirEpoch
   save.checkpoint_dir = dir.path();
   save.checkpoint_every = kStepsPerEpoch;
   run_epochs(2, *initial, batches, 1, save, dir.path());
-  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/ps-shard-0-of-2.kolo"));
-  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/ps-shard-1-of-2.kolo"));
+  EXPECT_TRUE(std::filesystem::exists(shard(dir.path(), 0, 2, kStepsPerEpoch)));
+  EXPECT_TRUE(std::filesystem::exists(shard(dir.path(), 1, 2, kStepsPerEpoch)));
 
   // Epoch 2 from the save of epoch 1 ends where 2 uninterrupted epochs end.
   PsOptions resume = save;
@@ -373,7 +441,7 @@ TEST_F(PsCheckpoint, WorkerOptimizerCheckpointMisuseNamesWhatToSet) {
   resume.checkpoint_every = 2;
   run_epochs(1, *initial, batches, 2, resume, other.path(), &errors);
   text = testing::error_of([&] { std::rethrow_exception(errors.at(kWorkers)); });
-  EXPECT_NE(text.find("ps-shard-0-of-1.kolo': it was saved every 3 steps and this job saves "
+  EXPECT_NE(text.find("ps-shard-0-of-1-step-3.kolo': it was saved every 3 steps and this job saves "
                       "every 2"),
             std::string::npos)
       << text;

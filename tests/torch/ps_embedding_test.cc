@@ -520,7 +520,7 @@ TEST_P(PsEmbeddingCheckpoint, ResumedEqualsUninterrupted) {
     std::rethrow_exception(errors[1]);
   } catch (const ContractError& e) {
     const std::string text = e.what();
-    EXPECT_NE(text.find("ps-shard-0-of-2.kolo"), std::string::npos) << text;
+    EXPECT_NE(text.find("ps-shard-0-of-2-step-"), std::string::npos) << text;
     EXPECT_NE(text.find("'items'"), std::string::npos) << text;
     EXPECT_NE(text.find("'users'"), std::string::npos) << text;
   }

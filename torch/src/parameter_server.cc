@@ -523,7 +523,7 @@ Server::Server(const NamedParameters& parameters, const OptimizerFactory& make_o
   if (!options.resume_from.empty()) {
     // Here the shard must exist; run() loads it, once add_table() has given
     // every table it holds.
-    detail::check_shard_exists(options.resume_from, s.identity());
+    detail::resume_step(options.resume_from, s.identity());
     s.resume_pending = true;
   }
   s.round_sum = torch::zeros({s.numel}, s.dtype);

@@ -5,6 +5,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <filesystem>
+#include <map>
 #include <regex>
 #include <set>
 
@@ -41,23 +42,44 @@ std::string extra(const CheckpointState& state, const std::string& key, const st
   return it->second;
 }
 
-// The server counts whose shards `dir` holds ("ps-shard-<s>-of-<S>.kolo").
-std::set<int> server_counts_in(const std::string& dir) {
-  std::set<int> counts;
-  const std::regex pattern(R"(ps-shard-[0-9]+-of-([0-9]+)\.kolo)");
+// The shards in `dir` ("ps-shard-<s>-of-<S>-step-<N>.kolo"): for each server
+// count S, for each step N, the servers s that have a shard of it.
+using SavesByCount = std::map<int, std::map<int64_t, std::set<int>>>;
+
+SavesByCount saves_in(const std::string& dir) {
+  SavesByCount saves;
+  const std::regex pattern(R"(ps-shard-([0-9]+)-of-([0-9]+)-step-([0-9]+)\.kolo)");
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     std::smatch m;
     const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, m, pattern)) counts.insert(std::stoi(m[1].str()));
+    if (!std::regex_match(name, m, pattern)) continue;
+    try {
+      saves[std::stoi(m[2].str())][std::stoll(m[3].str())].insert(std::stoi(m[1].str()));
+    } catch (const std::out_of_range&) {
+      // Not a name kolo wrote (a number beyond int64): not one of its saves.
+    }
   }
-  return counts;
+  return saves;
+}
+
+std::string steps_text(const std::map<int64_t, std::set<int>>& steps) {
+  std::string text;
+  for (const auto& [step, servers] : steps) {
+    text += (text.empty() ? "" : ", ") + std::to_string(step) + " (server" +
+            (servers.size() == 1 ? " " : "s ");
+    std::string list;
+    for (int s : servers) list += (list.empty() ? "" : ", ") + std::to_string(s);
+    text += list + ")";
+  }
+  return text;
 }
 
 }  // namespace
 
-std::string shard_path(const std::string& dir, int server, int servers) {
-  return dir + "/ps-shard-" + std::to_string(server) + "-of-" + std::to_string(servers) + ".kolo";
+std::string shard_path(const std::string& dir, int server, int servers, int64_t step) {
+  return dir + "/ps-shard-" + std::to_string(server) + "-of-" + std::to_string(servers) + "-step-" +
+         std::to_string(step) + ".kolo";
 }
 
 void save_shard(const std::string& dir, const ShardIdentity& who, int64_t step,
@@ -80,31 +102,62 @@ void save_shard(const std::string& dir, const ShardIdentity& who, int64_t step,
     state.extras["ps/table" + std::to_string(t)] = tensors.tables[t].identity;
   }
   const ShardModule module(tensors);
-  write_checkpoint_file(shard_path(dir, who.server, who.servers),
+  write_checkpoint_file(shard_path(dir, who.server, who.servers, step),
                         encode_checkpoint(module, &optimizer, state));
+  // Only now, with the new save on disk: this server's saves beyond its
+  // newest kKeptSaves go. Best effort: a file that cannot be removed only
+  // costs space, and must not fail a save that succeeded.
+  std::vector<int64_t> mine;
+  SavesByCount saves = saves_in(dir);
+  for (const auto& [saved, servers] : saves[who.servers]) {
+    if (servers.count(who.server) > 0) mine.push_back(saved);
+  }
+  for (size_t i = 0; i + kKeptSaves < mine.size(); ++i) {
+    std::filesystem::remove(shard_path(dir, who.server, who.servers, mine[i]), ec);
+  }
 }
 
-void check_shard_exists(const std::string& dir, const ShardIdentity& who) {
-  const std::string path = shard_path(dir, who.server, who.servers);
-  if (!std::filesystem::exists(path)) {
-    const std::set<int> counts = server_counts_in(dir);
-    std::string message = "kolo::ps server " + std::to_string(who.server) + ": cannot resume: '" +
-                          path + "' does not exist";
-    if (!counts.empty() && counts.count(who.servers) == 0) {
-      message += "; '" + dir + "' holds the shards of " + std::to_string(*counts.begin()) +
-                 " server(s) and this job has " + std::to_string(who.servers) +
-                 ": a server checkpoint resumes at the server count that saved it (kolorun "
-                 "--servers " +
-                 std::to_string(*counts.begin()) + ")";
-    }
-    throw ContractError(message);
+int64_t resume_step(const std::string& dir, const ShardIdentity& who) {
+  const std::string me = "kolo::ps server " + std::to_string(who.server) + " of " +
+                         std::to_string(who.servers) + ": cannot resume from '" + dir + "': ";
+  SavesByCount saves = saves_in(dir);
+  const std::map<int64_t, std::set<int>>& steps = saves[who.servers];
+  int64_t newest_mine = -1;
+  bool others = false;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    const auto& [step, servers] = *it;
+    if (static_cast<int>(servers.size()) == who.servers) return step;  // complete
+    if (servers.count(who.server) > 0 && newest_mine < 0) newest_mine = step;
+    if (servers.size() > servers.count(who.server)) others = true;
   }
+  if (newest_mine >= 0 && !others) return newest_mine;  // a directory of its own
+  if (newest_mine >= 0) {
+    throw ContractError(me +
+                        "no save in it is complete (every server's shard of one step); "
+                        "it holds the saves at step " +
+                        steps_text(steps) + ", of " + std::to_string(who.servers) +
+                        " servers: a save is complete once every server wrote its shard");
+  }
+  std::string message = me + "it holds no shard of this server (ps-shard-" +
+                        std::to_string(who.server) + "-of-" + std::to_string(who.servers) +
+                        "-step-<step>.kolo)";
+  saves.erase(who.servers);
+  for (const auto& [count, counted] : saves) {
+    if (counted.empty()) continue;
+    message += "; it holds the shards of " + std::to_string(count) +
+               " server(s) and this job has " + std::to_string(who.servers) +
+               ": a server checkpoint resumes at the server count that saved it (kolorun "
+               "--servers " +
+               std::to_string(count) + ")";
+    break;
+  }
+  throw ContractError(message);
 }
 
 int64_t load_shard(const std::string& dir, const ShardIdentity& who, const ShardTensors& tensors,
                    torch::optim::Optimizer& optimizer) {
-  check_shard_exists(dir, who);
-  const std::string path = shard_path(dir, who.server, who.servers);
+  const int64_t step = resume_step(dir, who);
+  const std::string path = shard_path(dir, who.server, who.servers, step);
   const std::string file = read_checkpoint_file(path);
   const auto refuse = [&](const std::string& what) {
     throw ContractError("kolo::ps server checkpoint '" + path + "': " + what);
@@ -157,7 +210,23 @@ int64_t load_shard(const std::string& dir, const ShardIdentity& who, const Shard
            "it, or save every " +
            every->second + " steps");
   }
-  return state.step;
+  if (state.step != step) {
+    refuse("it holds the save at step " + std::to_string(state.step) + " under the name of step " +
+           std::to_string(step) + " (renamed?)");
+  }
+  // This server's newer shards belong to saves that never completed (the
+  // run that failed). They go before this job saves anything (a worker
+  // pushes only once every server has resumed), so that another server's
+  // save of the same step is never completed by a shard of the failed run.
+  // Best effort: resume_from may be read-only.
+  std::error_code ec;
+  SavesByCount saves = saves_in(dir);
+  for (const auto& [saved, servers] : saves[who.servers]) {
+    if (saved > step && servers.count(who.server) > 0) {
+      std::filesystem::remove(shard_path(dir, who.server, who.servers, saved), ec);
+    }
+  }
+  return step;
 }
 
 }  // namespace kolo::ps::detail

@@ -1,7 +1,8 @@
 // A parameter server's shard on disk (internal; PsOptions::checkpoint_dir,
 // resume_from; docs/strategies.md, "Server checkpoints").
 //
-// Server s of S writes <dir>/ps-shard-<s>-of-<S>.kolo: a kolo checkpoint
+// Server s of S writes <dir>/ps-shard-<s>-of-<S>-step-<N>.kolo for its save
+// at step N: a kolo checkpoint
 // (kolo/torch/checkpoint.h: the checksummed container and its payload, with
 // the shard's slices as the model's parameters "s0", "s1", ... and the
 // server's optimizer) whose CheckpointState holds the save: step = the save
@@ -10,6 +11,18 @@
 // period ("ps/every": a job that resumes and saves keeps it). Every shard
 // of one save carries the same step; a worker greeting servers that resumed
 // from different steps refuses them (a mix of two saves).
+//
+// Two phases without a coordinator (the servers do not talk to each other):
+// a save writes a new file beside this server's earlier ones, so a save that
+// fails on one server (a full disk) overwrites nothing; a save at step N is
+// complete once every server's shard of step N is in the directory, and
+// resuming takes the newest complete one. Each server keeps its newest
+// kKeptSaves saves: a server is never more than one save ahead of a server
+// whose save failed (the next one needs the pushes the failed server stopped
+// taking), so with 3 the older of the two saves a failed server holds is
+// still complete on every server. A directory holding this server's shards
+// alone (one directory per host) resumes from its newest save; the workers
+// refuse a mix.
 //
 // Sparse tables (kolo/torch/ps_embedding.h) are in the same file: table t's
 // rows and row-wise optimizer state as buffers "t<t>_weight", "t<t>_state1",
@@ -53,22 +66,28 @@ struct ShardTensors {
   std::vector<ShardTable> tables;
 };
 
-std::string shard_path(const std::string& dir, int server, int servers);
+// How many saves each server keeps (see above).
+constexpr size_t kKeptSaves = 3;
 
-// Writes the shard saved at `step` (atomically: a crash leaves the previous
-// save of this shard or this one).
+std::string shard_path(const std::string& dir, int server, int servers, int64_t step);
+
+// Writes the shard saved at `step` (atomically) beside this server's earlier
+// saves, then removes the ones older than its newest kKeptSaves.
 void save_shard(const std::string& dir, const ShardIdentity& who, int64_t step,
                 const ShardTensors& tensors, const torch::optim::Optimizer& optimizer);
 
-// ContractError naming the file when this server's shard is not in `dir`
-// (and, when the directory holds another server count's shards, saying to
-// resume with that count).
-void check_shard_exists(const std::string& dir, const ShardIdentity& who);
+// The step of the save this server resumes from in `dir`: the newest save
+// every server of the job has a shard of, or, when `dir` holds no other
+// server's shard of this server count, this server's newest. ContractError
+// naming what is there when there is none (no shard of this server, another
+// server count's shards, saves no step of which is complete).
+int64_t resume_step(const std::string& dir, const ShardIdentity& who);
 
-// Loads this server's shard from `dir` into the tensors (in place) and the
-// optimizer; returns the saved step. ContractError naming the file when it
-// is missing, damaged, or saved by another model, server or set of tables (a
-// save in another mode resumes: its state is the same).
+// Loads this server's shard of resume_step(dir) into the tensors (in place)
+// and the optimizer; returns that step. ContractError naming the file when it
+// is damaged, or saved by another model, server or set of tables (a save in
+// another mode resumes: its state is the same). Then removes this server's
+// shards of newer steps (saves that never completed).
 int64_t load_shard(const std::string& dir, const ShardIdentity& who, const ShardTensors& tensors,
                    torch::optim::Optimizer& optimizer);
 
