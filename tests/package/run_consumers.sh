@@ -6,7 +6,9 @@
 # and runs each under the *installed* kolorun with 2 workers; every worker
 # checks that the ranks agree (main.cc; core_main.cc, the core alone, for
 # add_subdirectory: CMakeLists.txt says why). Also checks the installed kolorun's
-# --version and that libkolo_core exports no internal symbol.
+# --version and that libkolo_core exports no internal symbol. The find_package
+# consumer also builds README.md's C++ example (its first ```cpp block, as a
+# newcomer would copy it) and runs it under the installed kolorun.
 # --deb: the prefix comes from the Debian packages instead: `cpack -G DEB`
 # builds them, their Depends must name Debian's libtorch, gloo, OpenMPI and
 # OpenSSL packages and be satisfied by this machine's installed packages, and
@@ -101,12 +103,18 @@ launcher=$(cache_value CMAKE_CXX_COMPILER_LAUNCHER)
 [[ -n $launcher ]] && common+=(-DCMAKE_CXX_COMPILER_LAUNCHER="$launcher" -DCMAKE_C_COMPILER_LAUNCHER="$launcher")
 jobs=$(nproc)
 
+# The README's C++ example, exactly as README.md shows it.
+readme_source=$work/readme_main.cc
+awk '/^```cpp$/ { inside = 1; next } inside && /^```$/ { exit } inside { print }' \
+  "$source/README.md" >"$readme_source"
+grep -q 'int main' "$readme_source" || { echo "README.md has no C++ example (a \`\`\`cpp block with main)" >&2; exit 1; }
+
 for mode in "${modes[@]}"; do
   step "consumer by $mode"
   dir=$work/$mode
   args=(-S "$consumer" -B "$dir" "${common[@]}" -DKOLO_CONSUME="$mode")
   case $mode in
-    find_package) args+=(-DCMAKE_PREFIX_PATH="$prefix") ;;
+    find_package) args+=(-DCMAKE_PREFIX_PATH="$prefix" -DKOLO_README_SOURCE="$readme_source") ;;
     pkg-config) export PKG_CONFIG_PATH=$libdir/pkgconfig ;;
     # kolo's own build type and flags stay out of an embedding project: this
     # one builds without optimisation, which also keeps the test short.
@@ -126,6 +134,16 @@ for mode in "${modes[@]}"; do
     fi
   fi
   "$prefix/bin/kolorun" -np 2 "$dir/kolo_consumer"
+  if [[ $mode == find_package ]]; then
+    step "README.md's C++ example, built by find_package, under kolorun -np 2"
+    cmake --build "$dir" -j "$jobs" --target kolo_readme >"$dir.readme.log" 2>&1 ||
+      { cat "$dir.readme.log" >&2; exit 1; }
+    out=$("$prefix/bin/kolorun" -np 2 "$dir/kolo_readme")
+    echo "$out"
+    # Rank 0 alone prints, every 20 steps of 100.
+    [[ $(grep -c '^step [0-9]* loss [0-9.]*$' <<<"$out") == 5 ]] ||
+      { echo "README.md's C++ example did not print its 5 loss lines" >&2; exit 1; }
+  fi
 done
 step "the consumers (${modes[*]}) trained and agree"
 
