@@ -21,12 +21,25 @@
 
 #include "comm/backends.h"
 #include "comm/hierarchical_communicator.h"
+#include "comm/watched_communicator.h"
 #include "exit_notices.h"
 #include "kolo/core/errors.h"
 #include "log.h"
 
 namespace kolo {
 namespace {
+
+// `comm` with its point-to-point waits watched for stalls (the settings of
+// the engine's stall checks: KOLO_STALL_WARNING_SECONDS and
+// KOLO_STALL_SHUTDOWN_SECONDS; comm/watched_communicator.h says why).
+std::unique_ptr<Communicator> watched(std::unique_ptr<Communicator> comm, const Config& config) {
+  detail::P2PWatch::Options options;
+  options.warning_seconds = config.get_double("KOLO_STALL_WARNING_SECONDS");
+  options.shutdown_seconds = config.get_double("KOLO_STALL_SHUTDOWN_SECONDS");
+  const int rank = comm->rank();
+  return std::make_unique<detail::WatchedCommunicator>(std::move(comm), options,
+                                                       detail::Logger::from_config(config, rank));
+}
 
 using std::chrono::milliseconds;
 
@@ -257,7 +270,7 @@ Runtime::Runtime(const InitOptions& options) {
                 ", without a world communicator");
     return;
   }
-  world_ = make_communicator(backend, with_exit_check(comm));
+  world_ = watched(make_communicator(backend, with_exit_check(comm)), config_);
   if (world_->rank() != topology_.rank || world_->size() != topology_.size) {
     throw ContractError("kolo::init: backend '" + backend + "' reports rank " +
                         std::to_string(world_->rank()) + " of " + std::to_string(world_->size()) +
@@ -281,7 +294,7 @@ Runtime::Runtime(const InitOptions& options) {
     comm.rank_hosts = host_indices(hosts);
     if (detail::wants_hierarchy(comm)) {
       world_.reset();
-      world_ = make_communicator(backend, with_exit_check(comm));
+      world_ = watched(make_communicator(backend, with_exit_check(comm)), config_);
     }
     world_options_ = comm;
   }
@@ -314,6 +327,7 @@ Runtime::Runtime(std::unique_ptr<Communicator> world, Config config,
         "kolo::Runtime: the world communicator is null; build one with "
         "make_thread_communicators() or make_communicator()");
   }
+  world_ = watched(std::move(world_), config_);
   topology_.rank = world_->rank();
   topology_.size = world_->size();
   topology_.local_rank = topology_.rank;  // ranks as threads share this host
@@ -487,8 +501,10 @@ std::unique_ptr<Communicator> Runtime::group_communicator(const std::vector<int>
     throw ContractError(what + ": ranks must be distinct world ranks in [0, " +
                         std::to_string(topology_.size) + ") in ascending order");
   }
-  return make_communicator(backend_, group_options(world_options_, ranks, topology_.rank,
-                                                   world_options_.prefix + "/" + name, what));
+  return watched(
+      make_communicator(backend_, group_options(world_options_, ranks, topology_.rank,
+                                                world_options_.prefix + "/" + name, what)),
+      config_);
 }
 
 // ---- process-wide default runtime ----

@@ -80,17 +80,23 @@ std::vector<StallVerdict> StallInspector::inspect(const std::vector<Waiting>& st
   return verdicts;
 }
 
-// ---- NegotiationWatch ------------------------------------------------------
+// ---- WatchThread -----------------------------------------------------------
 
-NegotiationWatch::NegotiationWatch(Options options, Logger logger)
-    : options_(options),
-      logger_(logger),
-      warning_(seconds(options.warning_seconds)),
-      shutdown_(seconds(options.shutdown_seconds)) {
-  thread_ = std::thread([this] { run(); });
+WatchThread::WatchThread(std::mutex& mutex, Clock::duration warning,
+                         std::function<void(Clock::time_point)> check)
+    : mutex_(mutex) {
+  const auto period = std::clamp<Clock::duration>(warning / 4, std::chrono::milliseconds(10),
+                                                  std::chrono::seconds(1));
+  thread_ = std::thread([this, period, check = std::move(check)] {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      wake_.wait_for(lock, period);
+      if (!stop_) check(Clock::now());
+    }
+  });
 }
 
-NegotiationWatch::~NegotiationWatch() {
+WatchThread::~WatchThread() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
@@ -98,6 +104,17 @@ NegotiationWatch::~NegotiationWatch() {
   wake_.notify_all();
   thread_.join();
 }
+
+// ---- NegotiationWatch ------------------------------------------------------
+
+NegotiationWatch::NegotiationWatch(Options options, Logger logger)
+    : options_(options),
+      logger_(logger),
+      warning_(seconds(options.warning_seconds)),
+      shutdown_(seconds(options.shutdown_seconds)),
+      thread_(mutex_, warning_, [this](Clock::time_point now) { check(now); }) {}
+
+NegotiationWatch::~NegotiationWatch() = default;
 
 void NegotiationWatch::enter(Communicator* comm, const std::vector<int>* world_ranks, int set_rank,
                              int process_set) {
@@ -114,17 +131,6 @@ void NegotiationWatch::leave() {
   std::lock_guard<std::mutex> lock(mutex_);
   comm_ = nullptr;
   world_ranks_ = nullptr;
-}
-
-void NegotiationWatch::run() {
-  // A few looks per warning period: the warning comes within ~1/4 of it late.
-  const auto period = std::clamp<Clock::duration>(warning_ / 4, std::chrono::milliseconds(10),
-                                                  std::chrono::seconds(1));
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!stop_) {
-    wake_.wait_for(lock, period);
-    if (!stop_) check(Clock::now());
-  }
 }
 
 std::string NegotiationWatch::ranks_text(const std::vector<int>& set_ranks) const {
@@ -191,6 +197,74 @@ void NegotiationWatch::check(Clock::time_point now) {
                format_seconds(options_.shutdown_seconds) + " s (KOLO_STALL_SHUTDOWN_SECONDS)";
   }
   logger_.warning(message);
+}
+
+// ---- P2PWatch ----------------------------------------------------------------
+
+P2PWatch::P2PWatch(Communicator* comm, Options options, Logger logger)
+    : options_(options),
+      logger_(logger),
+      warning_(seconds(options.warning_seconds)),
+      shutdown_(seconds(options.shutdown_seconds)),
+      comm_(comm),
+      rank_(comm->rank()),
+      thread_(mutex_, warning_, [this](Clock::time_point now) { check(now); }) {}
+
+uint64_t P2PWatch::enter(P2PKind kind, int peer, int tag) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Wait wait;
+  wait.kind = kind;
+  wait.peer = peer;
+  wait.tag = tag;
+  wait.since = Clock::now();
+  waits_.emplace(next_id_, wait);
+  return next_id_++;
+}
+
+void P2PWatch::leave(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  waits_.erase(id);
+}
+
+void P2PWatch::detach() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  comm_ = nullptr;
+}
+
+void P2PWatch::check(Clock::time_point now) {
+  if (aborted_) return;
+  for (auto& [id, wait] : waits_) {
+    const auto waited = now - wait.since;
+    if (waited < warning_) continue;
+    const double waited_s = std::chrono::duration<double>(waited).count();
+    const std::string what =
+        "rank " + std::to_string(rank_) + " has waited " + format_seconds(waited_s) + " s in " +
+        p2p_what(wait.kind, wait.peer, wait.tag) + ": rank " + std::to_string(wait.peer) +
+        " has not posted the matching " + (wait.kind == P2PKind::kSend ? "recv" : "send");
+    const std::string hint =
+        " (it runs another plan: a different schedule, step count or tag; it is stuck, waiting "
+        "for this rank itself, or slow)";
+    if (options_.shutdown_seconds > 0 && waited >= shutdown_ && comm_ != nullptr) {
+      const std::string reason = "kolo " + what + " for more than KOLO_STALL_SHUTDOWN_SECONDS (" +
+                                 format_seconds(options_.shutdown_seconds) + " s)" + hint +
+                                 "; this rank gives up on the communicator";
+      logger_.error(reason);
+      // Once: a backend that cannot end the wait (mpi) ends it at its timeout.
+      comm_->abort(reason, {wait.peer});
+      aborted_ = true;
+      return;
+    }
+    if (wait.warned && now - wait.last_warning < warning_) continue;
+    wait.warned = true;
+    wait.last_warning = now;
+    std::string message = "stall: " + what + " (more than KOLO_STALL_WARNING_SECONDS " +
+                          format_seconds(options_.warning_seconds) + ")" + hint;
+    if (options_.shutdown_seconds > 0) {
+      message += "; the transfer fails with RuntimeFault after " +
+                 format_seconds(options_.shutdown_seconds) + " s (KOLO_STALL_SHUTDOWN_SECONDS)";
+    }
+    logger_.warning(message);
+  }
 }
 
 }  // namespace kolo::detail

@@ -1,7 +1,11 @@
-// Stall checks (internal), two of them:
+// Stall checks (internal), three of them:
 //  - StallInspector: requests some ranks of a process set submitted and others
 //    did not (the ranks are all there, negotiating; one never submits);
-//  - NegotiationWatch: a rank that does not negotiate at all (frozen, stuck).
+//  - NegotiationWatch: a rank that does not negotiate at all (frozen, stuck);
+//  - P2PWatch: a point-to-point wait whose peer never posts the matching
+//    transfer (pipeline stages running different plans), which bypasses the
+//    engine and so both checks above.
+// The two watches run on a WatchThread each.
 //
 // StallInspector: finds requests that some ranks of a process set
 // submitted and others did not, warns about them, and eventually fails them.
@@ -20,12 +24,15 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "comm/p2p.h"
 #include "engine/message.h"
 #include "log.h"
 
@@ -79,6 +86,26 @@ class StallInspector {
   bool warned_ = false;
 };
 
+// The thread of a watch: calls check(now) with `mutex` held a few times per
+// `warning` period (so a warning comes within about a quarter of it late),
+// until destroyed. Its owner declares it last, so that it starts after and
+// stops before everything check() reads.
+class WatchThread {
+ public:
+  using Clock = std::chrono::steady_clock;
+  WatchThread(std::mutex& mutex, Clock::duration warning,
+              std::function<void(Clock::time_point)> check);
+  ~WatchThread();  // stops and joins the thread
+  WatchThread(const WatchThread&) = delete;
+  WatchThread& operator=(const WatchThread&) = delete;
+
+ private:
+  std::mutex& mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 // NegotiationWatch: watches the engine thread's negotiation from a thread of
 // its own. The StallInspector runs inside negotiation, so it never sees a
 // rank that does not arrive at all: a frozen process (SIGSTOP, a debugger),
@@ -119,7 +146,6 @@ class NegotiationWatch {
   void leave();
 
  private:
-  void run();
   // Under mutex_: warns and aborts when due.
   void check(Clock::time_point now);
   std::string ranks_text(const std::vector<int>& set_ranks) const;
@@ -129,8 +155,6 @@ class NegotiationWatch {
   Clock::duration warning_;
   Clock::duration shutdown_;
   std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stop_ = false;
   // The negotiation in progress (comm_ null: none).
   Communicator* comm_ = nullptr;
   const std::vector<int>* world_ranks_ = nullptr;
@@ -140,7 +164,64 @@ class NegotiationWatch {
   Clock::time_point last_warning_{};
   bool warned_ = false;
   bool aborted_ = false;
-  std::thread thread_;
+  WatchThread thread_;
+};
+
+// P2PWatch: watches the blocking point-to-point waits (P2PHandle::wait) on
+// one communicator (comm/watched_communicator.h puts it around the
+// communicators the Runtime hands out):
+//  - after KOLO_STALL_WARNING_SECONDS in one wait, a warning names the
+//    transfer by peer and tag ("recv from rank 1 (tag 101)"), repeated each
+//    warning period; both sides of a deadlock (each waiting for the other)
+//    warn, each naming its own wait;
+//  - after KOLO_STALL_SHUTDOWN_SECONDS (> 0) it aborts the communicator,
+//    blaming the peer: the wait throws RuntimeFault naming it, the peer's
+//    transfers with this rank fail at once, and the communicator is unusable
+//    (as after a TimeoutError). 0 = warnings only (the transfer's timeout,
+//    KOLO_TIMEOUT_SECONDS, still applies).
+class P2PWatch {
+ public:
+  using Clock = std::chrono::steady_clock;
+  struct Options {
+    double warning_seconds = 30;
+    double shutdown_seconds = 300;  // 0 = never abort
+  };
+
+  P2PWatch(Communicator* comm, Options options, Logger logger);
+  P2PWatch(const P2PWatch&) = delete;
+  P2PWatch& operator=(const P2PWatch&) = delete;
+
+  // Around one wait of a transfer with `peer` (a rank of the communicator);
+  // thread-safe, cheap (a lock and a clock read). enter() returns the id
+  // that leave() takes.
+  uint64_t enter(P2PKind kind, int peer, int tag);
+  void leave(uint64_t id);
+  // The communicator is going away: no more aborts (a handle may outlive it).
+  void detach();
+
+ private:
+  struct Wait {
+    P2PKind kind = P2PKind::kRecv;
+    int peer = 0;
+    int tag = 0;
+    Clock::time_point since{};
+    Clock::time_point last_warning{};
+    bool warned = false;
+  };
+  // Under mutex_: warns and aborts when due.
+  void check(Clock::time_point now);
+
+  Options options_;
+  Logger logger_;
+  Clock::duration warning_;
+  Clock::duration shutdown_;
+  std::mutex mutex_;
+  Communicator* comm_;  // null once detached
+  int rank_;
+  std::map<uint64_t, Wait> waits_;
+  uint64_t next_id_ = 0;
+  bool aborted_ = false;
+  WatchThread thread_;
 };
 
 }  // namespace kolo::detail
