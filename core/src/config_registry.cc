@@ -97,6 +97,12 @@ const std::vector<ConfigVar>& config_registry() {
        "auto: when ranks span more than one host, some host has more than one rank and every "
        "host has the same number; on: whenever ranks span hosts (uneven hosts are an error); "
        "off: flat."},
+      {"KOLO_CUDA_COMM", ConfigType::kChoice, "auto", "auto|nccl|staged",
+       "CUDA tensors: auto runs them on NCCL where kolo was built with CUDA and every rank of "
+       "the process set has a GPU of its own, and otherwise copies them through pinned host "
+       "memory into the host backend (staged); nccl: NCCL or an error saying why not; staged: "
+       "always through the host backend. Reductions NCCL cannot do exactly (int16, a prescale "
+       "or postscale) are staged in every mode."},
       {"KOLO_GLOO_IFACE", ConfigType::kString, "", "",
        "gloo: network interface to bind (e.g. eth0). Default: the address of this host's name, "
        "or loopback when all ranks are local."},

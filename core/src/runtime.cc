@@ -410,6 +410,23 @@ Engine& Runtime::engine() {
   CommunicatorOptions engine_options = world_options_;
   engine_options.prefix = world_options_.prefix + "/engine";
   engine_options.check_args = false;
+#if KOLO_HAVE_CUDA
+  // Each process set's NCCL communicator, for its CUDA tensors, found
+  // through the job's store like the host ones (engine/device_path.h).
+  if (engine_options.store || topology_.size == 1) {
+    const int rank = topology_.rank;
+    options.device_communicators = [engine_options, rank](const std::vector<int>& ranks,
+                                                          int set_id, int device) {
+      CommunicatorOptions o = group_options(engine_options, ranks, rank,
+                                            engine_options.prefix + "/nccl" +
+                                                std::to_string(set_id),
+                                            "kolo NCCL communicator of process set " +
+                                                std::to_string(set_id));
+      o.device = device;
+      return detail::make_nccl_communicator(o);
+    };
+  }
+#endif
   EngineCommunicators comms =
       engine_communicators(backend_, engine_options, topology_.rank, exit_check_);
   engine_ = std::make_unique<Engine>(std::move(comms.world), std::move(comms.factory), options);

@@ -4,6 +4,7 @@
 #include "kolo/core/batch_balancer.h"
 #include "kolo/core/communicator.h"
 #include "kolo/core/config.h"
+#include "kolo/core/device.h"
 #include "kolo/core/dtype.h"
 #include "kolo/core/errors.h"
 #include "kolo/core/parallel_grid.h"

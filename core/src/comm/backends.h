@@ -29,6 +29,15 @@ bool launched_by_mpi();
 std::string mpi_library_version();
 #endif
 
+#if KOLO_HAVE_CUDA
+// NCCL on CUDA device memory of options.device (nccl_communicator.cc). Not a
+// world backend: the engine builds one per process set for CUDA tensors
+// (engine/device_path.h); make_communicator() does not take "nccl".
+std::unique_ptr<Communicator> make_nccl_communicator(const CommunicatorOptions& options);
+// The loaded NCCL's version code (22809 for 2.28.9); loads it.
+int nccl_version();
+#endif
+
 // The version of a compiled-in backend's library, for kolorun --check-build:
 // gloo's CMake package version as found at build time ("0.5.0"), the MPI
 // library's identification at run time, "" for shm and unknown names.

@@ -387,6 +387,7 @@ Response Controller::make_response(const std::string& name, const Entry& entry) 
   response.kind = base.kind;
   response.name = name;
   response.dtype = base.dtype;
+  response.device = base.device;
   response.op = base.op;
   response.root = base.root;
   response.prescale = base.prescale;
@@ -450,6 +451,15 @@ Response Controller::make_response(const std::string& name, const Entry& entry) 
                      ". Every rank must submit '" + name + "' to the same collective.";
   }
   if (response.status != Response::Status::kOk) return response;
+  if (is_data_kind(base.kind)) {
+    const Same same_device = [](const RequestInfo& a, const RequestInfo& b) {
+      return a.device == b.device;
+    };
+    const Text device_text = [](const RequestInfo& i) {
+      return std::string("a ") + device_type_name(i.device) + " tensor";
+    };
+    check("devices", "device (all on the CPU, or all on their GPUs)", same_device, device_text);
+  }
 
   switch (base.kind) {
     case RequestKind::kAllreduce:

@@ -49,6 +49,7 @@ EngineOptions EngineOptions::from_config(const Config& config) {
   o.autotune = config.get_bool("KOLO_AUTOTUNE");
   o.autotune_log = config.get_string("KOLO_AUTOTUNE_LOG");
   o.log_level = config.get_string("KOLO_LOG_LEVEL");
+  o.cuda_comm = config.get_string("KOLO_CUDA_COMM");
   return o;
 }
 
@@ -151,8 +152,52 @@ int Engine::Impl::set_size_checked(const std::string& op, int process_set, int* 
   return static_cast<int>(ranks.size());
 }
 
+DeviceRuntime& Engine::Impl::device_runtime(const std::string& what) {
+  std::lock_guard<std::mutex> lock(device_mutex);
+  if (!device) {
+    try {
+      device = options.device_runtime ? options.device_runtime : cuda_runtime();
+    } catch (const ContractError& e) {
+      throw ContractError(what + " is a CUDA tensor, but " + e.what());
+    }
+    staging = std::make_unique<detail::Staging>(device.get());
+  }
+  return *device;
+}
+
+void Engine::Impl::bind_device(const std::string& what, const Device& d) {
+  std::lock_guard<std::mutex> lock(device_mutex);
+  if (bound_device < 0) bound_device = d.index;
+  if (d.index != bound_device) {
+    throw ContractError(what + " is on " + d.str() + ", but this rank's earlier CUDA tensors are "
+                        "on cuda:" + std::to_string(bound_device) +
+                        "; kolo runs each rank on one GPU (as Horovod and DDP do): move the "
+                        "tensor there, or pin the rank to one device (torch::cuda::set_device "
+                        "with the local rank)");
+  }
+}
+
 Handle Engine::Impl::submit(std::unique_ptr<Request> request) {
   if (!request->handle) request->handle = std::make_shared<HandleState>();
+  if (!request->in.device.is_cpu()) {
+    const std::string what = std::string("kolo::Engine: ") +
+                             request_kind_name(request->info.kind) + " of tensor '" +
+                             request->info.name + "'";
+    if (request->in.device.type != DeviceType::kCUDA) {
+      throw ContractError(what + " is on device " + request->in.device.str() +
+                          ", which kolo does not support; use CPU or CUDA tensors");
+    }
+    DeviceRuntime& runtime = device_runtime(what);
+    if (runtime.type() != DeviceType::kCUDA) {
+      throw ContractError(what + " is a CUDA tensor, but this engine's device runtime is not CUDA's");
+    }
+    bind_device(what, request->in.device);
+    // Readiness: the work queued on the producer's stream up to this call.
+    request->ready = runtime.record(request->in.device.index, request->in.stream);
+    request->info.device = DeviceType::kCUDA;
+  } else {
+    request->info.device = DeviceType::kCPU;
+  }
   if (request->handle->waker != waker) request->handle->waker = waker;
   std::shared_ptr<HandleState> handle = request->handle;
   // No engine-wide lock on this per-tensor path: the join check takes it only
@@ -226,6 +271,8 @@ void set_data_only(TensorView& target, const TensorView& view) {
   target.data = view.data;
   target.dtype = view.dtype;
   target.shape.clear();
+  target.device = view.device;
+  target.stream = view.stream;
 }
 
 // A request for `kind` of `name` on `in`, in a recycled Request when the
@@ -279,6 +326,11 @@ Handle Engine::allreduce_async(const std::string& name, const TensorView& in, co
                         dtype_name(out.dtype) + " " + detail::shape_text(out.shape) +
                         ") must have the dtype and element count of in (" + dtype_name(in.dtype) +
                         " " + detail::shape_text(in.shape) + ")");
+  }
+  if (out.device != in.device) {
+    throw ContractError("kolo::Engine::allreduce_async of '" + name + "': out is on " +
+                        out.device.str() + " but in is on " + in.device.str() +
+                        "; pass an output on the input's device");
   }
   auto request = make_request(impl_->queue, RequestKind::kAllreduce, name, in, options);
   request->info.root = 0;
@@ -352,6 +404,11 @@ Handle Engine::reducescatter_async(const std::string& name, const TensorView& in
                         ") must have dtype " + dtype_name(in.dtype) + " and shape " +
                         detail::shape_text(expected) +
                         " (Engine::reducescatter_shape of the input for this rank)");
+  }
+  if (out.device != in.device) {
+    throw ContractError("kolo::Engine::reducescatter_async of '" + name + "': out is on " +
+                        out.device.str() + " but in is on " + in.device.str() +
+                        "; pass an output on the input's device");
   }
   auto request = make_request(impl_->queue, RequestKind::kReducescatter, name, in, options);
   request->info.root = 0;

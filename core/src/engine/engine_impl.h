@@ -20,6 +20,7 @@
 
 #include "engine/autotune.h"
 #include "engine/controller.h"
+#include "engine/device_path.h"
 #include "engine/fusion_buffer.h"
 #include "engine/handle.h"
 #include "engine/message.h"
@@ -61,6 +62,19 @@ struct Engine::Impl {
     std::unique_ptr<detail::Controller> controller;
     // This rank's requests in negotiation or execution.
     detail::PendingList pending;
+    // CUDA tensors (decided at the set's first one, identically on every
+    // member: execute.cc's route()): staged through `comm`, or on NCCL.
+    enum class CudaRoute { kUndecided, kStaged, kNccl } cuda_route = CudaRoute::kUndecided;
+    std::unique_ptr<Communicator> nccl;
+    std::unique_ptr<detail::BatchMemory> nccl_memory;  // fusion buffers on the device
+  };
+
+  // Where one batch runs: the communicator, the memory its buffers live in,
+  // and whether its device tensors are staged through pinned host memory.
+  struct Route {
+    Communicator* comm = nullptr;
+    detail::BatchMemory* mem = nullptr;
+    bool staged = false;
   };
 
   Impl(std::unique_ptr<Communicator> world_comm, CommunicatorFactory comm_factory,
@@ -84,13 +98,21 @@ struct Engine::Impl {
   void drain();
   void run_set(SetState& set, detail::Controller::Outcome& outcome);
   void execute(SetState& set, std::vector<Item>& data);
-  void run_allreduce(SetState& set, const std::vector<Item>& batch);
-  void run_allreduce_segments(SetState& set, const std::vector<Item>& batch,
+  // The route of a batch whose first response is `first` (CUDA: decides the
+  // set's route at its first CUDA batch, a collective on set.comm; throws
+  // ContractError, on every member alike, when KOLO_CUDA_COMM=nccl cannot be met).
+  Route route(SetState& set, const detail::Response& first);
+  void decide_cuda_route(SetState& set);
+  // Before a batch runs: stages its device inputs (staged routes) or waits
+  // for their readiness events (NCCL).
+  void prepare_device_inputs(SetState& set, const Route& route, const std::vector<Item>& batch);
+  void run_allreduce(SetState& set, const Route& route, const std::vector<Item>& batch);
+  void run_allreduce_segments(SetState& set, const Route& route, const std::vector<Item>& batch,
                               const AllreduceOptions& o);
-  void run_allgather(SetState& set, const std::vector<Item>& batch);
-  void run_broadcast(SetState& set, const std::vector<Item>& batch);
-  void run_reducescatter(SetState& set, const Item& item);
-  void run_alltoall(SetState& set, const Item& item);
+  void run_allgather(SetState& set, const Route& route, const std::vector<Item>& batch);
+  void run_broadcast(SetState& set, const Route& route, const std::vector<Item>& batch);
+  void run_reducescatter(SetState& set, const Route& route, const Item& item);
+  void run_alltoall(SetState& set, const Route& route, const Item& item);
   void add_set(const detail::Response& r, SetState& world_set);
   void remove_set(const detail::Response& r, SetState& world_set);
   detail::Request* local(SetState& set, const std::string& name);
@@ -106,6 +128,10 @@ struct Engine::Impl {
   TensorView allocate_output(detail::Request* request, const std::vector<int64_t>& shape,
                              std::exception_ptr* error);
   void count_collective(uint64_t bytes);
+  // The device runtime (made at the first CUDA tensor), and this rank's one
+  // CUDA device (bound by its first CUDA tensor): caller side, under device_mutex.
+  DeviceRuntime& device_runtime(const std::string& what);
+  void bind_device(const std::string& what, const Device& device);
 
   // Timeline helpers (no-ops without a timeline or a local request).
   void phase_begin(detail::Request* r, detail::TimelinePhase phase, const char* op = nullptr);
@@ -136,16 +162,17 @@ struct Engine::Impl {
   std::atomic<bool> shutdown_requested{false};
   std::atomic<double> current_cycle_time_ms{1.0};
   std::atomic<int64_t> current_fusion_threshold_bytes{0};
+  std::mutex device_mutex;  // guards the two below
+  std::shared_ptr<DeviceRuntime> device;
+  int bound_device = -1;  // this rank's CUDA device; -1 until its first CUDA tensor
 
   // --- engine thread only
   std::vector<std::unique_ptr<SetState>> active;  // by id; active[0] = set 0
   int next_set_id = 1;
   std::unique_ptr<detail::Timeline> timeline;
   std::unique_ptr<detail::Autotuner> autotuner;
-  detail::FusionBuffer fusion;      // packed inputs / in-place fused results
-  detail::FusionBuffer fusion_out;  // fused allgather results
-  detail::FusionBuffer scratch;     // neutral inputs and discarded outputs of joined ranks
-  detail::FusionBuffer scratch_out;
+  detail::BatchMemory host_memory;          // fusion and scratch buffers of host batches
+  std::unique_ptr<detail::Staging> staging;  // CUDA tensors on host routes
   std::vector<AllreduceSegment> segments;  // a fused allreduce's tensors (native segments)
   uint64_t cycle_bytes = 0;
   std::vector<detail::Finished> finished;  // out of negotiation, handles not yet completed

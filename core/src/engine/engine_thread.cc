@@ -232,6 +232,14 @@ void Engine::Impl::finish(SetState& set, const std::string& name, std::exception
 void Engine::Impl::finish(SetState& set, Request* pending, std::exception_ptr error) {
   std::unique_ptr<Request> request = set.pending.take(pending);
   if (!request) return;  // not pending (this rank has none, or it finished already)
+  if (request->staged) {
+    // The results go back to the device before the handle completes.
+    try {
+      staging->stage_out(*request, error == nullptr);
+    } catch (const std::exception&) {
+      if (!error) error = std::current_exception();
+    }
+  }
   phases_close(request.get());
   finished.push_back({std::move(request), std::move(error)});
 }

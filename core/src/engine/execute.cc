@@ -26,54 +26,6 @@ namespace {
 // shm's cache-pipelined allreduce).
 constexpr int64_t kMaxFusedTensorBytes = 256 << 10;
 
-// Writes `count` neutral elements of `op` (the value that leaves the others'
-// reduction unchanged) for a joined rank. A negative prescale swaps min/max.
-void fill_neutral(void* buffer, size_t count, DType dtype, ReduceOp op, double prescale) {
-  if (count == 0) return;
-  if (op == ReduceOp::kSum || op == ReduceOp::kAverage) {
-    std::memset(buffer, 0, count * dtype_size(dtype));
-    return;
-  }
-  enum { kOne, kHighest, kLowest } which = kOne;
-  if (op == ReduceOp::kMin) which = prescale < 0 ? kLowest : kHighest;
-  if (op == ReduceOp::kMax) which = prescale < 0 ? kHighest : kLowest;
-  auto fill = [&](auto one, auto highest, auto lowest) {
-    using T = decltype(one);
-    const T value = which == kOne ? one : which == kHighest ? highest : lowest;
-    T* p = static_cast<T*>(buffer);
-    std::fill(p, p + count, value);
-  };
-  switch (dtype) {
-    case DType::kU8:
-      fill(uint8_t{1}, std::numeric_limits<uint8_t>::max(), uint8_t{0});
-      break;
-    case DType::kI8:
-      fill(int8_t{1}, std::numeric_limits<int8_t>::max(), std::numeric_limits<int8_t>::min());
-      break;
-    case DType::kI16:
-      fill(int16_t{1}, std::numeric_limits<int16_t>::max(), std::numeric_limits<int16_t>::min());
-      break;
-    case DType::kI32:
-      fill(int32_t{1}, std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min());
-      break;
-    case DType::kI64:
-      fill(int64_t{1}, std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min());
-      break;
-    case DType::kF16:  // 1.0, +inf, -inf
-      fill(uint16_t{0x3C00}, uint16_t{0x7C00}, uint16_t{0xFC00});
-      break;
-    case DType::kBF16:
-      fill(uint16_t{0x3F80}, uint16_t{0x7F80}, uint16_t{0xFF80});
-      break;
-    case DType::kF32:
-      fill(1.0f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity());
-      break;
-    case DType::kF64:
-      fill(1.0, std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity());
-      break;
-  }
-}
-
 // The reduction a response runs: averages over the ranks that contributed
 // (ranks that joined add neutral zeros and are not counted).
 AllreduceOptions reduce_options(const Response& r, int set_size) {
@@ -113,13 +65,15 @@ void Engine::Impl::execute(SetState& set, std::vector<Item>& data) {
     const Response* r = item.r;
     int64_t bytes = 0;
     bool fusable = true;
-    Key key{static_cast<int>(r->kind), 0, 0, 0.0, 0.0, 0};
+    // Host and device tensors never share a batch (nor do their buffers).
+    const int kind_key = static_cast<int>(r->kind) * kNumDeviceTypes + static_cast<int>(r->device);
+    Key key{kind_key, 0, 0, 0.0, 0.0, 0};
     const int64_t esize = static_cast<int64_t>(dtype_size(r->dtype));
     switch (r->kind) {
       case RequestKind::kAllreduce: {
         const AllreduceOptions o = reduce_options(*r, n);
         bytes = r->elements() * esize;
-        key = Key{static_cast<int>(r->kind),
+        key = Key{kind_key,
                   static_cast<int>(r->dtype),
                   static_cast<int>(o.op),
                   o.prescale,
@@ -145,7 +99,8 @@ void Engine::Impl::execute(SetState& set, std::vector<Item>& data) {
     // more than the collective's fixed latency that fusion saves. A native
     // segmented allreduce (shm) packs nothing, so there every allreduce fuses.
     if (bytes > kMaxFusedTensorBytes &&
-        !(r->kind == RequestKind::kAllreduce && set.comm->native_segments())) {
+        !(r->kind == RequestKind::kAllreduce && r->device == DeviceType::kCPU &&
+          set.comm->native_segments())) {
       fusable = false;
     }
     if (fusable && threshold > 0) {
@@ -166,21 +121,23 @@ void Engine::Impl::execute(SetState& set, std::vector<Item>& data) {
   for (Batch& b : batches) {
     const Item& first = b.items.front();
     try {
+      const Route where = route(set, *first.r);
+      prepare_device_inputs(set, where, b.items);
       switch (first.r->kind) {
         case RequestKind::kAllreduce:
-          run_allreduce(set, b.items);
+          run_allreduce(set, where, b.items);
           break;
         case RequestKind::kAllgather:
-          run_allgather(set, b.items);
+          run_allgather(set, where, b.items);
           break;
         case RequestKind::kBroadcast:
-          run_broadcast(set, b.items);
+          run_broadcast(set, where, b.items);
           break;
         case RequestKind::kReducescatter:
-          run_reducescatter(set, first);
+          run_reducescatter(set, where, first);
           break;
         case RequestKind::kAlltoall:
-          run_alltoall(set, first);
+          run_alltoall(set, where, first);
           break;
         default:
           break;
@@ -194,6 +151,119 @@ void Engine::Impl::execute(SetState& set, std::vector<Item>& data) {
       for (const Item& item : b.items) finish(set, item.req, error);
     }
     wake_finished();
+  }
+}
+
+// ---- CUDA routes ----------------------------------------------------------------
+
+namespace {
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+Engine::Impl::Route Engine::Impl::route(SetState& set, const Response& first) {
+  if (first.device == DeviceType::kCPU) return Route{set.comm, &host_memory, false};
+  if (set.cuda_route == SetState::CudaRoute::kUndecided) decide_cuda_route(set);
+  bool nccl = set.cuda_route == SetState::CudaRoute::kNccl;
+  if (nccl && (first.kind == RequestKind::kAllreduce || first.kind == RequestKind::kReducescatter)) {
+    // What NCCL cannot reduce exactly as the host backends do is staged.
+    const AllreduceOptions o = reduce_options(first, static_cast<int>(set.ranks.size()));
+    if (first.dtype == DType::kI16 || o.prescale != 1.0 || o.postscale != 1.0) nccl = false;
+  }
+  if (nccl) return Route{set.nccl.get(), set.nccl_memory.get(), false};
+  return Route{set.comm, &host_memory, true};
+}
+
+void Engine::Impl::decide_cuda_route(SetState& set) {
+  // Every member votes (an allgather on the set's host communicator, at the
+  // same response on every member): whether it can run NCCL, and which
+  // physical GPU it uses. NCCL needs all able and no GPU shared.
+  const std::string& mode = options.cuda_comm;
+  const int n = static_cast<int>(set.ranks.size());
+  int device_index = 0;
+  DeviceRuntime* runtime = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(device_mutex);
+    device_index = std::max(bound_device, 0);
+    runtime = device.get();
+  }
+  struct Vote {
+    uint64_t gpu = 0;
+    uint64_t able = 0;
+  } mine;
+  if (mode != "staged" && options.device_communicators && runtime) {
+    try {
+      mine.gpu = fnv1a(runtime->identity(device_index));
+      mine.able = 1;
+    } catch (const std::exception& e) {
+      logger.info(std::string("NCCL is not usable here: ") + e.what());
+    }
+  }
+  std::vector<Vote> votes(n);
+  set.comm->allgather(&mine, votes.data(), sizeof(Vote), DType::kU8, CollectiveOptions{});
+  std::string unable, shared;
+  for (int k = 0; k < n; ++k) {
+    if (!votes[k].able) unable += (unable.empty() ? "" : ", ") + std::to_string(set.ranks[k]);
+    for (int j = 0; j < k; ++j) {
+      if (votes[k].able && votes[j].able && votes[k].gpu == votes[j].gpu) {
+        shared += (shared.empty() ? "" : ", ") + std::to_string(set.ranks[j]) + " and " +
+                  std::to_string(set.ranks[k]);
+      }
+    }
+  }
+  if (mode == "staged" || !unable.empty() || !shared.empty()) {
+    if (mode == "nccl") {
+      std::string why = !unable.empty()
+                            ? "rank(s) " + unable +
+                                  " cannot run NCCL (kolo built without CUDA, no NCCL library, "
+                                  "or a device runtime that is not CUDA's)"
+                            : "ranks " + shared + " share one GPU, and NCCL cannot run two "
+                                                  "ranks on one GPU";
+      throw ContractError("kolo engine: KOLO_CUDA_COMM=nccl, but " + why +
+                          "; give each rank a GPU of its own (KOLO_LOCAL_RANK picks it), or "
+                          "set KOLO_CUDA_COMM=auto to stage CUDA tensors through the host "
+                          "backend");
+    }
+    set.cuda_route = SetState::CudaRoute::kStaged;
+    logger.info("CUDA tensors of process set " + std::to_string(set.id) +
+                " are staged through the " + set.comm->backend() + " backend");
+    return;
+  }
+  set.nccl = options.device_communicators(set.ranks, set.id, device_index);
+  set.nccl_memory = std::make_unique<detail::BatchMemory>(runtime, device_index);
+  set.cuda_route = SetState::CudaRoute::kNccl;
+  logger.info("CUDA tensors of process set " + std::to_string(set.id) + " run on NCCL");
+}
+
+void Engine::Impl::prepare_device_inputs(SetState& set, const Route& where,
+                                         const std::vector<Item>& batch) {
+  if (!where.staged && !where.mem->on_device()) return;
+  const int n = static_cast<int>(set.ranks.size());
+  for (const Item& item : batch) {
+    Request* req = item.req;
+    if (!req) continue;
+    if (!where.staged) {
+      staging->runtime()->wait(req->ready);
+      continue;
+    }
+    const size_t esize = dtype_size(item.r->dtype);
+    int64_t in_elements = 1;
+    for (int64_t d : req->info.shape) in_elements *= d;
+    size_t out_bytes = 0;
+    if (item.r->kind == RequestKind::kAllreduce) out_bytes = in_elements * esize;
+    if (item.r->kind == RequestKind::kReducescatter) {
+      int64_t out_elements = 1;
+      for (int64_t d : Engine::reducescatter_shape(req->info.shape, n, set.set_rank)) {
+        out_elements *= d;
+      }
+      out_bytes = static_cast<size_t>(out_elements) * esize;
+    }
+    staging->stage_in(*req, static_cast<size_t>(in_elements) * esize, out_bytes);
   }
 }
 
@@ -226,7 +296,8 @@ TensorView Engine::Impl::allocate_output(Request* request, const std::vector<int
   }
 }
 
-void Engine::Impl::run_allreduce(SetState& set, const std::vector<Item>& batch) {
+void Engine::Impl::run_allreduce(SetState& set, const Route& route,
+                                 const std::vector<Item>& batch) {
   const int n = static_cast<int>(set.ranks.size());
   const Response& first = *batch.front().r;
   const AllreduceOptions o = reduce_options(first, n);
@@ -240,25 +311,25 @@ void Engine::Impl::run_allreduce(SetState& set, const std::vector<Item>& batch) 
       in = req->in.data;
       out = req->out.data;
     } else {
-      out = scratch.get(count * esize);
-      fill_neutral(out, count, first.dtype, first.op, first.prescale);
+      out = route.mem->scratch.get(count * esize);
+      route.mem->fill_neutral(out, count, first.dtype, first.op, first.prescale);
       in = out;
     }
     phase_end(req, TimelinePhase::kQueue);
     phase_begin(req, TimelinePhase::kCollective, "ALLREDUCE");
-    set.comm->allreduce(in, out, count, first.dtype, o);
+    route.comm->allreduce(in, out, count, first.dtype, o);
     count_collective(count * esize);
     phase_end(req, TimelinePhase::kCollective);
     finish(set, req, nullptr);
     return;
   }
-  if (set.comm->native_segments()) {
-    run_allreduce_segments(set, batch, o);
+  if (route.comm->native_segments()) {
+    run_allreduce_segments(set, route, batch, o);
     return;
   }
   size_t total = 0;
   for (const Item& item : batch) total += static_cast<size_t>(item.r->elements());
-  uint8_t* buffer = fusion.get(total * esize);
+  uint8_t* buffer = route.mem->fusion.get(total * esize);
   size_t offset = 0;
   for (const Item& item : batch) {
     const Response* r = item.r;
@@ -267,16 +338,16 @@ void Engine::Impl::run_allreduce(SetState& set, const std::vector<Item>& batch) 
     phase_end(req, TimelinePhase::kQueue);
     phase_begin(req, TimelinePhase::kMemcpyInFusionBuffer);
     if (req) {
-      if (bytes) std::memcpy(buffer + offset, req->in.data, bytes);
+      if (bytes) route.mem->copy(buffer + offset, req->in.data, bytes);
     } else {
-      fill_neutral(buffer + offset, static_cast<size_t>(r->elements()), r->dtype, r->op,
+      route.mem->fill_neutral(buffer + offset, static_cast<size_t>(r->elements()), r->dtype, r->op,
                    r->prescale);
     }
     phase_end(req, TimelinePhase::kMemcpyInFusionBuffer);
     phase_begin(req, TimelinePhase::kCollective, "ALLREDUCE");
     offset += bytes;
   }
-  set.comm->allreduce(buffer, buffer, total, first.dtype, o);
+  route.comm->allreduce(buffer, buffer, total, first.dtype, o);
   count_collective(total * esize);
   offset = 0;
   for (const Item& item : batch) {
@@ -285,7 +356,7 @@ void Engine::Impl::run_allreduce(SetState& set, const std::vector<Item>& batch) 
     const size_t bytes = static_cast<size_t>(r->elements()) * esize;
     phase_end(req, TimelinePhase::kCollective);
     phase_begin(req, TimelinePhase::kMemcpyOutFusionBuffer);
-    if (req && bytes) std::memcpy(req->out.data, buffer + offset, bytes);
+    if (req && bytes) route.mem->copy(req->out.data, buffer + offset, bytes);
     phase_end(req, TimelinePhase::kMemcpyOutFusionBuffer);
     offset += bytes;
     finish(set, req, nullptr);
@@ -296,7 +367,8 @@ void Engine::Impl::run_allreduce(SetState& set, const std::vector<Item>& batch) 
 // communicator reads every request's input and writes its output in place, so
 // the copy into its shared memory is the packing and no fusion buffer is
 // involved. Joined ranks' neutral inputs live in the scratch buffer.
-void Engine::Impl::run_allreduce_segments(SetState& set, const std::vector<Item>& batch,
+void Engine::Impl::run_allreduce_segments(SetState& set, const Route& route,
+                                          const std::vector<Item>& batch,
                                           const AllreduceOptions& o) {
   const Response& first = *batch.front().r;
   const size_t esize = dtype_size(first.dtype);
@@ -304,7 +376,7 @@ void Engine::Impl::run_allreduce_segments(SetState& set, const std::vector<Item>
   for (const Item& item : batch) {
     if (!item.req) neutral += static_cast<size_t>(item.r->elements());
   }
-  uint8_t* spare = neutral ? scratch.get(neutral * esize) : nullptr;
+  uint8_t* spare = neutral ? route.mem->scratch.get(neutral * esize) : nullptr;
   segments.clear();
   for (const Item& item : batch) {
     const Response* r = item.r;
@@ -313,7 +385,7 @@ void Engine::Impl::run_allreduce_segments(SetState& set, const std::vector<Item>
     if (req) {
       segments.push_back({req->in.data, req->out.data, count});
     } else {
-      fill_neutral(spare, count, r->dtype, r->op, r->prescale);
+      route.mem->fill_neutral(spare, count, r->dtype, r->op, r->prescale);
       segments.push_back({spare, spare, count});
       spare += count * esize;
     }
@@ -322,7 +394,7 @@ void Engine::Impl::run_allreduce_segments(SetState& set, const std::vector<Item>
   }
   size_t total = 0;
   for (const AllreduceSegment& segment : segments) total += segment.count;
-  set.comm->allreduce_segments(segments, first.dtype, o);
+  route.comm->allreduce_segments(segments, first.dtype, o);
   count_collective(total * esize);
   for (const Item& item : batch) {
     phase_end(item.req, TimelinePhase::kCollective);
@@ -330,7 +402,8 @@ void Engine::Impl::run_allreduce_segments(SetState& set, const std::vector<Item>
   }
 }
 
-void Engine::Impl::run_allgather(SetState& set, const std::vector<Item>& batch) {
+void Engine::Impl::run_allgather(SetState& set, const Route& route,
+                                 const std::vector<Item>& batch) {
   const int n = static_cast<int>(set.ranks.size());
   const int me = set.set_rank;
   struct Gathered {
@@ -361,11 +434,11 @@ void Engine::Impl::run_allgather(SetState& set, const std::vector<Item>& batch) 
     const size_t row_elements = static_cast<size_t>(it.r->row_elements());
     std::vector<size_t> counts(n);
     for (int k = 0; k < n; ++k) counts[k] = static_cast<size_t>(it.r->rows[k]) * row_elements;
-    const void* in = it.req && it.req->in.data ? it.req->in.data : scratch.get(1);
-    void* out = it.out.data && !it.error ? it.out.data : scratch_out.get(total_bytes + 1);
+    const void* in = it.req && it.req->in.data ? it.req->in.data : route.mem->scratch.get(1);
+    void* out = it.out.data && !it.error ? it.out.data : route.mem->scratch_out.get(total_bytes + 1);
     phase_end(it.req, TimelinePhase::kQueue);
     phase_begin(it.req, TimelinePhase::kCollective, "ALLGATHER");
-    set.comm->allgatherv(in, out, counts, it.r->dtype, CollectiveOptions{});
+    route.comm->allgatherv(in, out, counts, it.r->dtype, CollectiveOptions{});
     count_collective(total_bytes);
     phase_end(it.req, TimelinePhase::kCollective);
   } else {
@@ -374,19 +447,19 @@ void Engine::Impl::run_allgather(SetState& set, const std::vector<Item>& batch) 
     for (const Gathered& it : items) {
       for (int k = 0; k < n; ++k) block[k] += static_cast<size_t>(it.r->rows[k]) * it.row_bytes;
     }
-    uint8_t* packed = fusion.get(block[me] + 1);
-    uint8_t* gathered = fusion_out.get(total_bytes + 1);
+    uint8_t* packed = route.mem->fusion.get(block[me] + 1);
+    uint8_t* gathered = route.mem->fusion_out.get(total_bytes + 1);
     size_t offset = 0;
     for (Gathered& it : items) {
       const size_t bytes = static_cast<size_t>(it.r->rows[me]) * it.row_bytes;
       phase_end(it.req, TimelinePhase::kQueue);
       phase_begin(it.req, TimelinePhase::kMemcpyInFusionBuffer);
-      if (bytes) std::memcpy(packed + offset, it.req->in.data, bytes);
+      if (bytes) route.mem->copy(packed + offset, it.req->in.data, bytes);
       offset += bytes;
       phase_end(it.req, TimelinePhase::kMemcpyInFusionBuffer);
       phase_begin(it.req, TimelinePhase::kCollective, "ALLGATHER");
     }
-    set.comm->allgatherv(packed, gathered, block, DType::kU8, CollectiveOptions{});
+    route.comm->allgatherv(packed, gathered, block, DType::kU8, CollectiveOptions{});
     count_collective(total_bytes);
     // Unpack: tensor t's rows from rank k follow the earlier tensors' rows in k's block.
     std::vector<size_t> block_start(n, 0);
@@ -399,7 +472,7 @@ void Engine::Impl::run_allgather(SetState& set, const std::vector<Item>& batch) 
       for (int k = 0; k < n; ++k) {
         const size_t bytes = static_cast<size_t>(it.r->rows[k]) * it.row_bytes;
         if (it.req && !it.error && bytes) {
-          std::memcpy(static_cast<uint8_t*>(it.out.data) + out_offset,
+          route.mem->copy(static_cast<uint8_t*>(it.out.data) + out_offset,
                       gathered + block_start[k] + within[k], bytes);
         }
         within[k] += bytes;
@@ -418,7 +491,8 @@ void Engine::Impl::run_allgather(SetState& set, const std::vector<Item>& batch) 
   }
 }
 
-void Engine::Impl::run_broadcast(SetState& set, const std::vector<Item>& batch) {
+void Engine::Impl::run_broadcast(SetState& set, const Route& route,
+                                 const std::vector<Item>& batch) {
   const Response& first = *batch.front().r;
   const int root = first.root;
   const bool is_root = set.set_rank == root;
@@ -427,11 +501,11 @@ void Engine::Impl::run_broadcast(SetState& set, const std::vector<Item>& batch) 
   if (batch.size() == 1) {
     Request* req = batch.front().req;
     const size_t count = static_cast<size_t>(first.elements());
-    void* buffer = req ? req->in.data : scratch.get(count * dtype_size(first.dtype) + 1);
-    if (buffer == nullptr) buffer = scratch.get(1);
+    void* buffer = req ? req->in.data : route.mem->scratch.get(count * dtype_size(first.dtype) + 1);
+    if (buffer == nullptr) buffer = route.mem->scratch.get(1);
     phase_end(req, TimelinePhase::kQueue);
     phase_begin(req, TimelinePhase::kCollective, "BROADCAST");
-    set.comm->broadcast(buffer, count, first.dtype, bo);
+    route.comm->broadcast(buffer, count, first.dtype, bo);
     count_collective(count * dtype_size(first.dtype));
     phase_end(req, TimelinePhase::kCollective);
     finish(set, req, nullptr);
@@ -440,7 +514,7 @@ void Engine::Impl::run_broadcast(SetState& set, const std::vector<Item>& batch) 
   size_t total = 0;
   for (const Item& item : batch)
     total += static_cast<size_t>(item.r->elements()) * dtype_size(item.r->dtype);
-  uint8_t* buffer = fusion.get(total + 1);
+  uint8_t* buffer = route.mem->fusion.get(total + 1);
   size_t offset = 0;
   for (const Item& item : batch) {
     const Response* r = item.r;
@@ -449,13 +523,13 @@ void Engine::Impl::run_broadcast(SetState& set, const std::vector<Item>& batch) 
     phase_end(req, TimelinePhase::kQueue);
     if (is_root) {
       phase_begin(req, TimelinePhase::kMemcpyInFusionBuffer);
-      if (bytes) std::memcpy(buffer + offset, req->in.data, bytes);
+      if (bytes) route.mem->copy(buffer + offset, req->in.data, bytes);
       phase_end(req, TimelinePhase::kMemcpyInFusionBuffer);
     }
     phase_begin(req, TimelinePhase::kCollective, "BROADCAST");
     offset += bytes;
   }
-  set.comm->broadcast(buffer, total, DType::kU8, bo);
+  route.comm->broadcast(buffer, total, DType::kU8, bo);
   count_collective(total);
   offset = 0;
   for (const Item& item : batch) {
@@ -465,7 +539,7 @@ void Engine::Impl::run_broadcast(SetState& set, const std::vector<Item>& batch) 
     phase_end(req, TimelinePhase::kCollective);
     if (!is_root && req) {
       phase_begin(req, TimelinePhase::kMemcpyOutFusionBuffer);
-      if (bytes) std::memcpy(req->in.data, buffer + offset, bytes);
+      if (bytes) route.mem->copy(req->in.data, buffer + offset, bytes);
       phase_end(req, TimelinePhase::kMemcpyOutFusionBuffer);
     }
     offset += bytes;
@@ -473,7 +547,7 @@ void Engine::Impl::run_broadcast(SetState& set, const std::vector<Item>& batch) 
   }
 }
 
-void Engine::Impl::run_reducescatter(SetState& set, const Item& item) {
+void Engine::Impl::run_reducescatter(SetState& set, const Route& route, const Item& item) {
   const Response& r = *item.r;
   const int n = static_cast<int>(set.ranks.size());
   const int me = set.set_rank;
@@ -492,44 +566,44 @@ void Engine::Impl::run_reducescatter(SetState& set, const Item& item) {
     in = req->in.data;
     out = req->out.data;
   } else {
-    void* neutral = scratch.get(rows * row_elements * esize + 1);
-    fill_neutral(neutral, rows * row_elements, r.dtype, r.op, r.prescale);
+    void* neutral = route.mem->scratch.get(rows * row_elements * esize + 1);
+    route.mem->fill_neutral(neutral, rows * row_elements, r.dtype, r.op, r.prescale);
     in = neutral;
-    out = scratch_out.get(rows_of(me) * row_elements * esize + 1);
+    out = route.mem->scratch_out.get(rows_of(me) * row_elements * esize + 1);
   }
   phase_end(req, TimelinePhase::kQueue);
   if (extra == 0) {
     phase_begin(req, TimelinePhase::kCollective, "REDUCESCATTER");
-    set.comm->reducescatter(in ? in : scratch.get(1), out ? out : scratch_out.get(1),
+    route.comm->reducescatter(in ? in : route.mem->scratch.get(1), out ? out : route.mem->scratch_out.get(1),
                             base * row_elements, r.dtype, o);
     phase_end(req, TimelinePhase::kCollective);
   } else {
     // Uneven split: pad every rank's share to base + 1 rows, reduce-scatter
     // the padded buffer in place, copy this rank's rows out.
     const size_t block = (base + 1) * row_elements * esize;
-    uint8_t* padded = fusion.get(block * n);
+    uint8_t* padded = route.mem->fusion.get(block * n);
     phase_begin(req, TimelinePhase::kMemcpyInFusionBuffer);
     size_t from = 0;
     for (int k = 0; k < n; ++k) {
       const size_t bytes = rows_of(k) * row_elements * esize;
-      if (bytes) std::memcpy(padded + k * block, static_cast<const uint8_t*>(in) + from, bytes);
-      if (bytes < block) std::memset(padded + k * block + bytes, 0, block - bytes);
+      if (bytes) route.mem->copy(padded + k * block, static_cast<const uint8_t*>(in) + from, bytes);
+      if (bytes < block) route.mem->zero(padded + k * block + bytes, block - bytes);
       from += bytes;
     }
     phase_end(req, TimelinePhase::kMemcpyInFusionBuffer);
     phase_begin(req, TimelinePhase::kCollective, "REDUCESCATTER");
-    set.comm->reducescatter(padded, padded, (base + 1) * row_elements, r.dtype, o);
+    route.comm->reducescatter(padded, padded, (base + 1) * row_elements, r.dtype, o);
     phase_end(req, TimelinePhase::kCollective);
     phase_begin(req, TimelinePhase::kMemcpyOutFusionBuffer);
     const size_t mine = rows_of(me) * row_elements * esize;
-    if (mine) std::memcpy(out, padded, mine);
+    if (mine) route.mem->copy(out, padded, mine);
     phase_end(req, TimelinePhase::kMemcpyOutFusionBuffer);
   }
   count_collective(rows * row_elements * esize);
   finish(set, req, nullptr);
 }
 
-void Engine::Impl::run_alltoall(SetState& set, const Item& item) {
+void Engine::Impl::run_alltoall(SetState& set, const Route& route, const Item& item) {
   const Response& r = *item.r;
   const int n = static_cast<int>(set.ranks.size());
   const int me = set.set_rank;
@@ -552,12 +626,12 @@ void Engine::Impl::run_alltoall(SetState& set, const Item& item) {
     shape[0] = static_cast<int64_t>(recv_rows);
     out = allocate_output(req, shape, &error);
   }
-  const void* in = req && req->in.data ? req->in.data : scratch.get(1);
+  const void* in = req && req->in.data ? req->in.data : route.mem->scratch.get(1);
   void* out_data =
-      out.data && !error ? out.data : scratch_out.get(recv_rows * row_elements * esize + 1);
+      out.data && !error ? out.data : route.mem->scratch_out.get(recv_rows * row_elements * esize + 1);
   phase_end(req, TimelinePhase::kQueue);
   phase_begin(req, TimelinePhase::kCollective, "ALLTOALL");
-  set.comm->alltoallv(in, send, out_data, recv, r.dtype, CollectiveOptions{});
+  route.comm->alltoallv(in, send, out_data, recv, r.dtype, CollectiveOptions{});
   phase_end(req, TimelinePhase::kCollective);
   size_t bytes = 0;
   for (int k = 0; k < n; ++k) bytes += (send[k] + recv[k]) * esize;

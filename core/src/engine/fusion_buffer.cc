@@ -5,20 +5,32 @@
 
 namespace kolo::detail {
 
-void FusionBuffer::Free::operator()(uint8_t* p) const { std::free(p); }
+FusionBuffer::~FusionBuffer() { release(); }
+
+void FusionBuffer::release() {
+  if (data_ == nullptr) return;
+  if (release_) {
+    release_(data_);
+  } else {
+    std::free(data_);
+  }
+  data_ = nullptr;
+  capacity_ = 0;
+}
 
 uint8_t* FusionBuffer::get(size_t bytes) {
-  if (bytes <= capacity_ && data_) return data_.get();
+  if (bytes <= capacity_ && data_) return data_;
   // Grow by at least 1.5x so a slowly growing batch does not reallocate every step.
   size_t want = capacity_ + capacity_ / 2;
   if (want < bytes) want = bytes;
   want = (want + 63) / 64 * 64;
   if (want == 0) want = 64;
-  void* p = std::aligned_alloc(64, want);
+  release();
+  void* p = allocate_ ? allocate_(want) : std::aligned_alloc(64, want);
   if (p == nullptr) throw std::bad_alloc();
-  data_.reset(static_cast<uint8_t*>(p));
+  data_ = static_cast<uint8_t*>(p);
   capacity_ = want;
-  return data_.get();
+  return data_;
 }
 
 }  // namespace kolo::detail

@@ -41,7 +41,7 @@ bool RequestInfo::operator==(const RequestInfo& o) const {
 }
 
 bool RequestInfo::same_except_name(const RequestInfo& o) const {
-  return kind == o.kind && dtype == o.dtype && op == o.op && root == o.root &&
+  return kind == o.kind && dtype == o.dtype && device == o.device && op == o.op && root == o.root &&
          prescale == o.prescale && postscale == o.postscale && shape == o.shape &&
          splits == o.splits;
 }
@@ -134,7 +134,7 @@ class Reader {
   size_t pos_ = 0;
 };
 
-constexpr uint32_t kMagic = 0x6b6f6c31;  // "kol1"
+constexpr uint32_t kMagic = 0x6b6f6c32;  // "kol2"
 
 }  // namespace
 
@@ -145,6 +145,7 @@ std::string serialize(const RequestList& list) {
   for (const RequestInfo& r : list.requests) {
     w.pod<uint8_t>(static_cast<uint8_t>(r.kind));
     w.pod<uint8_t>(static_cast<uint8_t>(r.dtype));
+    w.pod<uint8_t>(static_cast<uint8_t>(r.device));
     w.pod<uint8_t>(static_cast<uint8_t>(r.op));
     w.pod<int32_t>(r.root);
     w.pod<double>(r.prescale);
@@ -176,9 +177,10 @@ RequestList deserialize(const uint8_t* data, size_t size) {
   }
   RequestList list;
   const uint32_t n = r.pod<uint32_t>();
-  // A request takes at least 35 bytes (kind, dtype, op, root, two scales,
-  // three lengths): a count the rest cannot hold must not size an allocation.
-  if (n > r.remaining() / 35) {
+  // A request takes at least 36 bytes (kind, dtype, device, op, root, two
+  // scales, three lengths): a count the rest cannot hold must not size an
+  // allocation.
+  if (n > r.remaining() / 36) {
     throw RuntimeFault("kolo engine: a negotiation message announces " + std::to_string(n) +
                        " requests in " + std::to_string(size) +
                        " bytes; the ranks run different kolo builds or the exchange was "
@@ -189,14 +191,17 @@ RequestList deserialize(const uint8_t* data, size_t size) {
     RequestInfo info;
     const uint8_t kind = r.pod<uint8_t>();
     const uint8_t dtype = r.pod<uint8_t>();
+    const uint8_t device = r.pod<uint8_t>();
     const uint8_t op = r.pod<uint8_t>();
-    if (kind >= kNumRequestKinds || dtype >= kNumDTypes || op >= kNumReduceOps) {
+    if (kind >= kNumRequestKinds || dtype >= kNumDTypes || device >= kNumDeviceTypes ||
+        op >= kNumReduceOps) {
       throw RuntimeFault(
           "kolo engine: a negotiation message holds an unknown request kind, "
-          "dtype or op; the ranks run different kolo builds");
+          "dtype, device or op; the ranks run different kolo builds");
     }
     info.kind = static_cast<RequestKind>(kind);
     info.dtype = static_cast<DType>(dtype);
+    info.device = static_cast<DeviceType>(device);
     info.op = static_cast<ReduceOp>(op);
     info.root = r.pod<int32_t>();
     info.prescale = r.pod<double>();

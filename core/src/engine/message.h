@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kolo/core/device.h"
 #include "kolo/core/dtype.h"
 
 namespace kolo::detail {
@@ -37,6 +38,10 @@ bool is_data_kind(RequestKind kind);
 struct RequestInfo {
   RequestKind kind = RequestKind::kAllreduce;
   DType dtype = DType::kF32;
+  // Where the tensor lives: every rank must agree (the collective runs on
+  // NCCL or through host staging alike everywhere). The device index is each
+  // rank's own business and not sent.
+  DeviceType device = DeviceType::kCPU;
   ReduceOp op = ReduceOp::kSum;
   int32_t root = 0;
   double prescale = 1.0;
@@ -85,6 +90,7 @@ struct Response {
   RequestKind kind = RequestKind::kAllreduce;
   Status status = Status::kOk;
   DType dtype = DType::kF32;
+  DeviceType device = DeviceType::kCPU;
   ReduceOp op = ReduceOp::kSum;
   int32_t root = 0;
   double prescale = 1.0;

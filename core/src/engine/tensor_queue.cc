@@ -132,6 +132,10 @@ void TensorQueue::recycle(std::vector<Finished>& finished) {
     r.open_phases.clear();
     r.negotiated_once = false;
     r.out = TensorView{};
+    r.in.device = Device{};
+    r.in.stream = nullptr;
+    r.ready.reset();
+    r.staged.reset();
     r.info.splits.clear();
   }
   std::lock_guard<std::mutex> lock(spare_mutex_);

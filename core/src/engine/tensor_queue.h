@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/device_path.h"
 #include "engine/handle.h"
 #include "engine/message.h"
 #include "engine/timeline.h"
@@ -42,6 +43,11 @@ struct Request {
   TensorView out;           // allreduce, reducescatter
   AllocateOutput allocate;  // allgather, alltoall
   std::shared_ptr<HandleState> handle;
+  // CUDA tensors: the event recorded on the producer's stream at submit
+  // (the engine reads `in` once it has passed), and, while the request runs
+  // through host staging, its device views (engine/device_path.h).
+  DeviceRuntime::Event ready;
+  std::unique_ptr<StagedRequest> staged;
   // Timeline phases begun and not yet ended, innermost last (engine thread).
   std::vector<TimelinePhase> open_phases;
   bool negotiated_once = false;  // has been through one negotiation round

@@ -270,6 +270,8 @@ struct CommunicatorOptions {
   // complete: an elastic round kolorun gave up on (core/src/elastic/round_store.h).
   // Waits in the store are the store's to cut short. Null = wait until `timeout`.
   std::function<void()> rendezvous_check;
+  // nccl only (the engine's device communicators): this member's CUDA device.
+  int device = 0;
 };
 
 // Backend names accepted by make_communicator.

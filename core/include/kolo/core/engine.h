@@ -9,8 +9,8 @@
 // collective. The protocol is written out in core/src/engine/controller.h.
 //
 // Ownership: the engine never owns framework tensors. A TensorView is a
-// pointer + dtype + shape; the caller keeps the memory alive and untouched
-// until the request's Handle has finished.
+// pointer + dtype + shape + device; the caller keeps the memory alive and
+// untouched until the request's Handle has finished.
 #pragma once
 
 #include <chrono>
@@ -23,6 +23,7 @@
 
 #include "kolo/core/communicator.h"
 #include "kolo/core/config.h"
+#include "kolo/core/device.h"
 #include "kolo/core/dtype.h"
 #include "kolo/core/export.h"
 
@@ -31,11 +32,17 @@ namespace kolo {
 
 class Engine;
 
-// A contiguous, row-major CPU buffer seen by the engine.
+// A contiguous, row-major buffer seen by the engine: host memory, or memory
+// of a CUDA device (kolo/core/device.h says how the engine moves it).
 struct TensorView {
   void* data = nullptr;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;  // empty = scalar (1 element)
+  Device device = {};          // where `data` lives; the CPU by default
+  // CUDA: the stream (cudaStream_t) the tensor was produced on; null = the
+  // legacy default stream. The engine reads the tensor only after the work
+  // queued on it before the request was submitted.
+  void* stream = nullptr;
 
   int64_t numel() const;
   size_t bytes() const;
@@ -123,6 +130,20 @@ struct EngineOptions {
   // Runtime aborts its world communicator with it, so that a collective
   // called on that directly (e.g. an elastic commit) fails at once too.
   std::function<void(const std::string& reason, const std::vector<int>& ranks)> on_stall_abort;
+  // CUDA tensors. device_runtime: the device operations (null = cuda_runtime(),
+  // loaded at the first CUDA tensor; tests pass a fake). cuda_comm
+  // (KOLO_CUDA_COMM): "auto" runs a process set's CUDA tensors on NCCL when
+  // device_communicators is set and every member has a GPU of its own, and
+  // stages them through the host communicator otherwise; "nccl" insists on
+  // NCCL (a ContractError where it cannot run); "staged" always stages.
+  // device_communicators builds a set's NCCL communicator (world ranks,
+  // sorted; the set's id; this rank's device), on every member alike; the
+  // Runtime supplies it where kolo was built with CUDA.
+  std::shared_ptr<DeviceRuntime> device_runtime;
+  std::string cuda_comm = "auto";
+  std::function<std::unique_ptr<Communicator>(const std::vector<int>& ranks, int set_id,
+                                              int device)>
+      device_communicators;
 
   static EngineOptions from_config(const Config& config);
 };
