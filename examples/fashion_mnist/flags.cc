@@ -101,6 +101,12 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& flags) {
                  "gradients and optimizer state)")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
+  app.add_option("--device", flags.device,
+                 "Where each worker trains: cpu, or cuda (its GPU: the local rank modulo the "
+                 "GPUs present; gradients go through NCCL, or through host memory where "
+                 "workers share a GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   app.add_option("--compression", flags.compression,
                  "Gradient compression: none, fp16, bf16, or powersgd (low-rank, with error "
                  "feedback: kolo::powersgd_hook)")
@@ -228,6 +234,12 @@ std::optional<int> parse_flags(int argc, char** argv, Flags& flags) {
     std::fprintf(stderr,
                  "fashion_mnist: --max-staleness bounds --strategy ps-ssp only; add "
                  "--strategy ps-ssp or drop --max-staleness\n");
+    return 2;
+  }
+  if (flags.device == "cuda" && (flags.strategy != "allreduce" || flags.elastic)) {
+    std::fprintf(stderr,
+                 "fashion_mnist: --device cuda trains with --strategy allreduce (the default) "
+                 "and without --elastic; the other strategies keep their models on the CPU\n");
     return 2;
   }
   if (on_parameter_servers(flags)) {

@@ -29,6 +29,7 @@ struct Flags {
   int powersgd_rank = 1;              // --compression powersgd: rank r of the approximation
   int zero_stage = 0;                 // 0 = DistributedOptimizer, 1-3 = ZeRO stage (docs/zero.md)
   std::string precision = "fp32";     // fp32, or bf16: the forward pass under bf16 autocast
+  std::string device = "cpu";         // cpu, or cuda: each worker on GPU (local rank % GPUs)
   std::string data_dir = kDefaultDataDir;
   uint64_t seed = 42;
   int progress_lines = 10;    // progress lines per epoch on rank 0

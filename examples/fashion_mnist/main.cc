@@ -137,6 +137,7 @@ void fit(const Flags& flags, const kolo::Dataset& train, const kolo::Dataset& te
   //   -> Flatten -> Dense(128, ReLU) -> Dropout(0.5) -> Dense(10)
   torch::manual_seed(flags.seed);
   Cnn model;
+  model->to(device_of(flags));  // --device cuda: this worker's GPU
 
   // --- 4. The optimizer (its rate follows the schedule: step 7) ---------------
   const OptimizerChoice choice = resolved(flags.optimizer);

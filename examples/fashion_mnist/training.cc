@@ -65,6 +65,17 @@ int64_t training_size(const Flags& flags) {
   return subset_size(split_size(flags.data_dir, "train"), flags.train_subset);
 }
 
+torch::Device device_of(const Flags& flags) {
+  if (flags.device == "cpu") return torch::kCPU;
+  if (!torch::cuda::is_available()) {
+    throw std::runtime_error(
+        "--device cuda: no CUDA device is present (or this libtorch has no CUDA); train with "
+        "--device cpu");
+  }
+  return torch::Device(torch::kCUDA,
+                       static_cast<int>(kolo::local_rank() % torch::cuda::device_count()));
+}
+
 kolo::TrainerOptions trainer_options_of(const Flags& flags, const kolo::CallOptions& where) {
   kolo::TrainerOptions options;
   static_cast<kolo::CallOptions&>(options) = where;
@@ -72,6 +83,7 @@ kolo::TrainerOptions trainer_options_of(const Flags& flags, const kolo::CallOpti
   options.batch_size = flags.batch_size;  // per worker
   options.sampling.seed = flags.seed;     // each epoch a new order, the same on every worker
   options.autocast_bf16 = flags.precision == "bf16";  // weights and gradients stay float32
+  options.device = device_of(flags);
   options.balance = flags.balance;
   return options;
 }

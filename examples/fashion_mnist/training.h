@@ -33,6 +33,10 @@ int64_t training_size(const Flags& flags);
 
 // The Trainer's options from the flags (epochs, batch per worker, the
 // sampler's seed, bf16 autocast, balance); `where` for its collectives.
+// The device a worker trains on (--device): the CPU, or its GPU (the local
+// rank modulo the GPUs present). Throws std::runtime_error for cuda without one.
+torch::Device device_of(const Flags& flags);
+
 kolo::TrainerOptions trainer_options_of(const Flags& flags, const kolo::CallOptions& where);
 
 // --compression into the data-parallel optimizer's options: fp16/bf16 as

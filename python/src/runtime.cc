@@ -12,6 +12,7 @@
 
 #include "bindings.h"
 #include "kolo/core/communicator.h"
+#include "kolo/core/device.h"
 #include "kolo/core/elastic.h"
 #include "kolo/core/errors.h"
 #include "kolo/torch/c10d_store.h"
@@ -74,6 +75,10 @@ void bind_runtime(py::module_& m) {
         "kolo::shutdown(): stops the engine and closes the communicators. Does nothing if "
         "not initialised.");
   m.def("is_initialized", &is_initialized);
+  m.def("cuda_compiled", &cuda_compiled,
+        "Whether this build of kolo has its CUDA path (staging and NCCL for CUDA tensors).");
+  m.def("nccl_version", &nccl_version,
+        "The loadable NCCL's version code (22809 for 2.28.9); 0 without CUDA, NCCL or a GPU.");
   m.def(
       "engine_stopped", [] { return is_initialized() && runtime().engine_stopped(); },
       "Runtime::engine_stopped: initialised, but the engine stopped after a fault (a peer's "

@@ -12,33 +12,23 @@
 #include <sstream>
 #include <string>
 
+#include "kolo/core/device.h"
 #include "kolo/torch/compat.h"
+#include "mapped_libraries.h"
 
 namespace {
 
-// Library name (file name up to ".so") -> every file of that name mapped.
-std::map<std::string, std::set<std::string>> mapped_libraries() {
-  std::ifstream maps("/proc/self/maps");
-  std::map<std::string, std::set<std::string>> libraries;
-  std::string line;
-  while (std::getline(maps, line)) {
-    const size_t slash = line.find('/');
-    if (slash == std::string::npos) continue;
-    const std::string path = line.substr(slash);
-    const std::string file = path.substr(path.rfind('/') + 1);
-    const size_t so = file.find(".so");
-    if (so == std::string::npos) continue;
-    libraries[file.substr(0, so)].insert(path);
-  }
-  return libraries;
-}
+using kolo::testing::mapped_libraries;
 
 std::string directory_of(const std::string& path) { return path.substr(0, path.rfind('/')); }
 
 TEST(OneStack, EveryTorchNcclAndGlooLibraryIsMappedOnce) {
-  // Use libtorch, so that what it loads lazily is loaded too.
+  // Use libtorch, so that what it loads lazily is loaded too, and kolo's
+  // CUDA loader (it dlopens libcudart and, with a GPU, libnccl: it must get
+  // libtorch's copies, not the CUDA toolkit's).
   const torch::Tensor sum = torch::ones({4}).sum();
   ASSERT_EQ(sum.item<float>(), 4.0F);
+  (void)kolo::nccl_version();
   const auto libraries = mapped_libraries();
   ASSERT_TRUE(libraries.count("libc10")) << "libc10 is not mapped: is /proc mounted?";
   for (const char* name : {"libc10", "libc10_cuda", "libtorch", "libtorch_cpu", "libtorch_cuda",

@@ -67,9 +67,18 @@ void GradientPipeline::set_layout(const std::vector<std::vector<int>>& layout) {
     GradBucket bucket;
     bucket.name = "b" + std::to_string(buckets.size());
     bucket.params = members;
-    if (!members.empty()) bucket.dtype = params[members.front()].param.scalar_type();
+    if (!members.empty()) {
+      bucket.dtype = params[members.front()].param.scalar_type();
+      bucket.device = params[members.front()].param.device();
+    }
     for (int index : members) {
       GradParam& p = params[index];
+      if (p.param.device() != bucket.device) {
+        throw ContractError(options_.op + ": parameter '" + p.name + "' is on " +
+                            p.param.device().str() + " but '" + params[members.front()].name +
+                            "' is on " + bucket.device.str() +
+                            "; kolo's optimizers take a model on one device (model->to(device))");
+      }
       if (p.param.scalar_type() != bucket.dtype) {
         throw ContractError(options_.op + ": internal: bucket " + bucket.name + " mixes dtypes ('" +
                             p.name + "')");

@@ -63,12 +63,15 @@ struct GradParam {
   uintptr_t post_hook_key = 0;
 };
 
-// One bucket: parameters of one dtype laid end to end.
+// One bucket: parameters of one dtype and device laid end to end.
 struct GradBucket {
   std::string name;
   std::vector<int> params;  // indices into GradientPipeline::params, in flat order
   int64_t numel = 0;
   c10::ScalarType dtype = torch::kFloat;
+  torch::Device device = torch::kCPU;
+  // The options of a flat buffer of the bucket (its dtype, on its device).
+  torch::TensorOptions options() const { return torch::TensorOptions().dtype(dtype).device(device); }
   int ready = 0;          // parameters whose gradient is final for this step
   bool launched = false;  // its exchange started this step (finish() resets it)
   bool done = false;      // ...and finished (its requests were waited for)

@@ -205,15 +205,20 @@ const char* precision_name(Precision precision) {
   return "?";
 }
 
-AutocastGuard::AutocastGuard(c10::ScalarType dtype, bool enabled)
-    : previous_enabled_(compat::cpu_autocast_enabled()),
-      previous_dtype_(compat::cpu_autocast_dtype()) {
-  if (enabled && dtype != torch::kBFloat16) {
+AutocastGuard::AutocastGuard(c10::ScalarType dtype, bool enabled, c10::DeviceType device)
+    : device_(device),
+      previous_enabled_(compat::autocast_enabled(device)),
+      previous_dtype_(compat::autocast_dtype(device)) {
+  if (device != c10::DeviceType::CPU && device != c10::DeviceType::CUDA) {
+    throw ContractError(std::string("kolo::AutocastGuard: device type ") +
+                        c10::DeviceTypeName(device) + "; kolo autocasts the CPU and CUDA");
+  }
+  if (enabled && device == c10::DeviceType::CPU && dtype != torch::kBFloat16) {
     throw ContractError(std::string("kolo::AutocastGuard: dtype ") + c10::toString(dtype) +
                         "; libtorch autocasts the CPU to BFloat16 only (torch::kBFloat16)");
   }
-  compat::set_cpu_autocast_enabled(enabled);
-  compat::set_cpu_autocast_dtype(dtype);
+  compat::set_autocast_enabled(device, enabled);
+  compat::set_autocast_dtype(device, dtype);
   at::autocast::increment_nesting();
 }
 
@@ -221,8 +226,8 @@ AutocastGuard::~AutocastGuard() {
   // Leaving the outermost region frees the casts of the weights autocast
   // cached for it (as torch.autocast's __exit__).
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  compat::set_cpu_autocast_enabled(previous_enabled_);
-  compat::set_cpu_autocast_dtype(previous_dtype_);
+  compat::set_autocast_enabled(device_, previous_enabled_);
+  compat::set_autocast_dtype(device_, previous_dtype_);
 }
 
 LossScaler::LossScaler(LossScalerOptions options) : options_(std::move(options)) {

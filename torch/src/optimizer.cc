@@ -185,7 +185,7 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
     for (size_t b = 0; b < pipeline.buckets.size(); ++b) {
       const detail::GradBucket& bucket = pipeline.buckets[b];
       torch::Tensor& flat = bucket_work[b].flat;
-      flat = torch::empty({bucket.numel}, torch::TensorOptions().dtype(bucket.dtype));
+      flat = torch::empty({bucket.numel}, bucket.options());
       pipeline.point_grads(static_cast<int>(b), flat);
     }
   }
@@ -211,7 +211,7 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
         Staging& s = staging[i];
         if (!s.buffer.defined() || s.buffer.scalar_type() != grad.scalar_type() ||
             s.buffer.sizes() != grad.sizes()) {
-          s.buffer = torch::empty(grad.sizes(), torch::TensorOptions().dtype(grad.scalar_type()));
+          s.buffer = torch::empty(grad.sizes(), torch::TensorOptions().dtype(grad.scalar_type()).device(grad.device()));
         }
         detail::GradientPipeline::to_dense(s.buffer, grad);
         pipeline.count_copy(s.buffer.nbytes());
@@ -229,7 +229,7 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
     BucketWork& work = bucket_work[b];
     if (!work.flat.defined() || work.flat.numel() != bucket.numel ||
         work.flat.scalar_type() != bucket.dtype) {
-      work.flat = torch::empty({bucket.numel}, torch::TensorOptions().dtype(bucket.dtype));
+      work.flat = torch::empty({bucket.numel}, bucket.options());
     }
     CommBucket view;
     for (int i : bucket.params) {

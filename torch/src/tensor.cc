@@ -2,6 +2,9 @@
 #include "kolo/torch/tensor.h"
 
 #include <torch/serialize/archive.h>
+#if KOLO_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -32,15 +35,29 @@ std::string shape_text(c10::IntArrayRef sizes) {
 
 std::string described(const std::string& what) { return "tensor '" + what + "'"; }
 
+// The stream this thread queues work of `device` on now (PyTorch's current
+// stream: the producer of a tensor the caller just computed).
+void* current_cuda_stream(const c10::Device& device, const std::string& op,
+                          const std::string& what) {
+#if KOLO_TORCH_CUDA
+  return c10::cuda::getCurrentCUDAStream(device.index()).stream();
+#else
+  throw ContractError(op + ": " + described(what) + " is on " + device.str() +
+                      ", but kolo's torch frontend was built against a libtorch without CUDA; "
+                      "build kolo against a CUDA build of torch (pip's default)");
+#endif
+}
+
 // Checks what every view needs except the dtype.
 void check_layout(const torch::Tensor& tensor, const std::string& op, const std::string& what) {
   if (!tensor.defined()) {
     throw ContractError(op + ": " + described(what) +
                         " is undefined; pass a tensor created with torch::empty/zeros/...");
   }
-  if (!tensor.device().is_cpu()) {
+  if (!tensor.device().is_cpu() && !tensor.device().is_cuda()) {
     throw ContractError(op + ": " + described(what) + " is on device " + tensor.device().str() +
-                        "; kolo collectives take CPU tensors: call .cpu() first");
+                        "; kolo collectives take CPU and CUDA tensors: move it with .cpu() or "
+                        ".cuda() first");
   }
   if (tensor.layout() != torch::kStrided) {
     throw ContractError(op + ": " + described(what) +
@@ -171,12 +188,13 @@ void keep_alive(const Handle& handle, std::vector<torch::Tensor> tensors) {
       });
 }
 
-// An AllocateOutput that creates a torch tensor of the input's dtype in `slot`.
-AllocateOutput allocate_into(std::shared_ptr<torch::Tensor> slot, c10::ScalarType type,
+// An AllocateOutput that creates a torch tensor of the input's dtype and
+// device in `slot`.
+AllocateOutput allocate_like(std::shared_ptr<torch::Tensor> slot, const torch::Tensor& input,
                              std::string op, std::string what) {
-  return [slot = std::move(slot), type, op = std::move(op),
+  return [slot = std::move(slot), options = input.options(), op = std::move(op),
           what = std::move(what)](const std::vector<int64_t>& shape) {
-    *slot = torch::empty(shape, torch::TensorOptions().dtype(type));
+    *slot = torch::empty(shape, options);
     return tensor_view(*slot, op, what);
   };
 }
@@ -255,6 +273,11 @@ TensorView tensor_view(const torch::Tensor& tensor, const std::string& op,
   view.dtype = to_kolo_dtype(tensor.scalar_type(), op, what);
   view.data = tensor.data_ptr();
   view.shape = shape_of(tensor);
+  if (tensor.device().is_cuda()) {
+    view.device.type = DeviceType::kCUDA;
+    view.device.index = tensor.device().index();
+    view.stream = current_cuda_stream(tensor.device(), op, what);
+  }
   return view;
 }
 
@@ -339,7 +362,7 @@ TensorHandle submit_allgather(const torch::Tensor& tensor, const std::string& na
   auto result = std::make_shared<torch::Tensor>();
   Engine& engine = engine_of(options, op);
   Handle handle = engine.allgather_async(
-      name, view, allocate_into(result, tensor.scalar_type(), op, name + " (output)"),
+      name, view, allocate_like(result, tensor, op, name + " (output)"),
       request_options(options));
   keep_alive(handle, {tensor});
   return TensorHandle(handle, result);
@@ -416,7 +439,7 @@ TensorHandle submit_reducescatter(const torch::Tensor& tensor, const std::string
   const std::vector<int64_t> out_shape =
       Engine::reducescatter_shape(in_view.shape, position.size, position.rank);
   auto out = std::make_shared<torch::Tensor>(
-      torch::empty(out_shape, torch::TensorOptions().dtype(tensor.scalar_type())));
+      torch::empty(out_shape, tensor.options()));
   TensorView out_view = tensor_view(*out, op, name + " (output)");
   Handle handle = engine.reducescatter_async(name, in_view, out_view, request_options(options));
   keep_alive(handle, {tensor, *out});
@@ -452,7 +475,7 @@ TensorHandle submit_alltoall(const torch::Tensor& tensor, const std::vector<int6
   auto result = std::make_shared<torch::Tensor>();
   Engine& engine = engine_of(options, op);
   Handle handle = engine.alltoall_async(
-      name, view, splits, allocate_into(result, tensor.scalar_type(), op, name + " (output)"),
+      name, view, splits, allocate_like(result, tensor, op, name + " (output)"),
       request_options(options));
   keep_alive(handle, {tensor});
   return TensorHandle(handle, result);

@@ -202,7 +202,9 @@ Logs Trainer::fit(const Dataset& train, const Dataset* validation) {
         if (!next) break;  // the shard is exhausted (not before the last step)
         rows = rows_of(*next, 0, next->size());
       }
-      const auto [inputs, targets] = train.get(rows);
+      const auto [host_inputs, host_targets] = train.get(rows);
+      const torch::Tensor inputs = host_inputs.to(options_.device);
+      const torch::Tensor targets = host_targets.to(options_.device);
       const auto [outputs, loss] = step_on(inputs, targets, balancer_.get(), step_start);
       const int64_t b = rows.size(0);
       const double batch_loss = loss.item<double>() * static_cast<double>(b);
@@ -360,7 +362,7 @@ std::pair<torch::Tensor, torch::Tensor> Trainer::step_on(const torch::Tensor& in
   optimizer_.zero_grad();
   torch::Tensor outputs, loss;
   {
-    AutocastGuard autocast(torch::kBFloat16, options_.autocast_bf16);
+    AutocastGuard autocast(torch::kBFloat16, options_.autocast_bf16, options_.device.type());
     outputs = forward_(inputs);
     loss = loss_(outputs, targets);
   }
@@ -409,10 +411,12 @@ Logs Trainer::evaluate(const Dataset& data) {
   const std::vector<size_t>& indices = sampler.indices();
   for (size_t begin = 0; begin < indices.size(); begin += batch) {
     const torch::Tensor rows = rows_of(indices, begin, std::min(indices.size(), begin + batch));
-    auto [inputs, targets] = data.get(rows);
+    auto [host_inputs, host_targets] = data.get(rows);
+    const torch::Tensor inputs = host_inputs.to(options_.device);
+    const torch::Tensor targets = host_targets.to(options_.device);
     torch::Tensor outputs, loss;
     {
-      AutocastGuard autocast(torch::kBFloat16, options_.autocast_bf16);
+      AutocastGuard autocast(torch::kBFloat16, options_.autocast_bf16, options_.device.type());
       outputs = forward_(inputs);
       loss = loss_(outputs, targets);
     }

@@ -103,7 +103,8 @@ void ZeroState::submit_reduce(int b) {
       return;
     }
   }
-  bucket.full_grad = torch::empty({bucket.numel}, torch::TensorOptions().dtype(bucket.dtype));
+  bucket.full_grad =
+      torch::empty({bucket.numel}, torch::TensorOptions().dtype(bucket.dtype).device(bucket.device));
   pipeline.pack(b, bucket.full_grad, AfterPack::kRelease);
   start(bucket.full_grad);
 }
@@ -252,10 +253,12 @@ ZeroOptimizer::ZeroOptimizer(torch::optim::Optimizer& optimizer, torch::nn::Modu
         continue;  // frozen: dropped from the optimizer, never stepped
       } else if (!p.is_leaf()) {
         error = where + " ('" + it->second + "') is not a leaf tensor";
-      } else if (!p.device().is_cpu() || !supported_dtype(p.scalar_type())) {
+      } else if (!(p.device().is_cpu() || p.device().is_cuda()) ||
+                 !supported_dtype(p.scalar_type())) {
         error = where + " ('" + it->second + "') is " +
                 std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() +
-                "; ZeroOptimizer shards float32, float64, float16 and bfloat16 CPU parameters";
+                "; ZeroOptimizer shards float32, float64, float16 and bfloat16 parameters on "
+                "the CPU or a CUDA device";
       } else {
         state.pipeline.add(it->second, p, static_cast<int>(g));
       }
@@ -360,7 +363,7 @@ ZeroOptimizer::~ZeroOptimizer() {
       // destroying to keep the full model).
       for (int index : bucket.params) {
         state.params[index].param.set_data(
-            torch::empty({0}, torch::TensorOptions().dtype(bucket.dtype)));
+            torch::empty({0}, torch::TensorOptions().dtype(bucket.dtype).device(bucket.device)));
       }
     }
   }

@@ -97,11 +97,12 @@ void ZeroState::build(const std::vector<std::pair<std::string, ShardedUnitImpl*>
     bucket.params = pipeline.buckets[b].params;
     bucket.numel = pipeline.buckets[b].numel;
     bucket.dtype = pipeline.buckets[b].dtype;
+    bucket.device = pipeline.buckets[b].device;
     pipeline.buckets[b].name = bucket.name;
     const EvenSplit slice = even_split(bucket.numel, size, rank);
     bucket.shard_begin = slice.begin;
     bucket.shard_numel = slice.count;
-    const auto type = torch::TensorOptions().dtype(bucket.dtype);
+    const auto type = torch::TensorOptions().dtype(bucket.dtype).device(bucket.device);
     // The parameters become views of one flat buffer per bucket (set_data
     // keeps each parameter the same tensor the model and the user hold).
     bucket.full = torch::empty({bucket.numel}, type);

@@ -83,6 +83,7 @@ struct ZeroBucket {
   int64_t shard_begin = 0;
   int64_t shard_numel = 0;
   c10::ScalarType dtype = torch::kFloat;
+  torch::Device device = torch::kCPU;  // the parameters' (the gradient pipeline's bucket)
   torch::Tensor full;        // (numel) the parameters' storage (see above)
   int64_t full_nbytes = 0;   // bytes of `full` when it holds the parameters
   torch::Tensor shard;       // (shard_numel) this rank's parameter slice (authoritative)

@@ -135,8 +135,8 @@ def mpi_threads_supported():
 
 
 def nccl_built():
-    """0: kolo has no NCCL (CPU only)."""
-    return 0
+    """The NCCL version code kolo runs CUDA tensors on (e.g. 22809), 0 without one."""
+    return _kolo.nccl_version()
 
 
 def ddl_built():
@@ -148,7 +148,8 @@ def ccl_built():
 
 
 def cuda_built():
-    return False
+    """Whether kolo was built with its CUDA path (CUDA tensors: NCCL or host staging)."""
+    return _kolo.cuda_compiled()
 
 
 def rocm_built():

@@ -6,9 +6,11 @@
 //   optimizer state keys   1.13: std::string of the TensorImpl's address
 //                          2.x:  the TensorImpl's address (void*)
 //   grad_accumulator()     1.13: std::shared_ptr<Node>; 2.x: c10::intrusive_ptr<Node>
-//   CPU autocast           1.13: at::autocast::{is_cpu_enabled, set_cpu_enabled,
-//                          get/set_autocast_cpu_dtype}; 2.x: the device-generic
-//                          {is,set}_autocast_enabled / {get,set}_autocast_dtype
+//   autocast state         1.13: at::autocast::{is_cpu_enabled, set_cpu_enabled,
+//                          get/set_autocast_cpu_dtype} and {is,set}_enabled,
+//                          get/set_autocast_gpu_dtype for CUDA; 2.4+: the
+//                          device-generic {is,set}_autocast_enabled /
+//                          {get,set}_autocast_dtype
 //
 // Behaviour that changed without an API change, and how kolo meets it:
 //   group options          2.x's Optimizer replaces a param group's options of a
@@ -90,33 +92,44 @@ inline void keep_group_options(torch::optim::Optimizer& optimizer,
   }
 }
 
-// CPU autocast state (the region's enable flag and its lower-precision dtype).
-inline bool cpu_autocast_enabled() {
+// Autocast state of a device type (kCPU or kCUDA): the region's enable flag
+// and its lower-precision dtype.
+inline bool autocast_enabled(c10::DeviceType device) {
 #if KOLO_TORCH_DEVICE_GENERIC_AUTOCAST
-  return at::autocast::is_autocast_enabled(at::kCPU);
+  return at::autocast::is_autocast_enabled(device);
 #else
-  return at::autocast::is_cpu_enabled();
+  return device == c10::DeviceType::CUDA ? at::autocast::is_enabled()
+                                         : at::autocast::is_cpu_enabled();
 #endif
 }
-inline void set_cpu_autocast_enabled(bool enabled) {
+inline void set_autocast_enabled(c10::DeviceType device, bool enabled) {
 #if KOLO_TORCH_DEVICE_GENERIC_AUTOCAST
-  at::autocast::set_autocast_enabled(at::kCPU, enabled);
+  at::autocast::set_autocast_enabled(device, enabled);
 #else
-  at::autocast::set_cpu_enabled(enabled);
+  if (device == c10::DeviceType::CUDA) {
+    at::autocast::set_enabled(enabled);
+  } else {
+    at::autocast::set_cpu_enabled(enabled);
+  }
 #endif
 }
-inline c10::ScalarType cpu_autocast_dtype() {
+inline c10::ScalarType autocast_dtype(c10::DeviceType device) {
 #if KOLO_TORCH_DEVICE_GENERIC_AUTOCAST
-  return at::autocast::get_autocast_dtype(at::kCPU);
+  return at::autocast::get_autocast_dtype(device);
 #else
-  return at::autocast::get_autocast_cpu_dtype();
+  return device == c10::DeviceType::CUDA ? at::autocast::get_autocast_gpu_dtype()
+                                         : at::autocast::get_autocast_cpu_dtype();
 #endif
 }
-inline void set_cpu_autocast_dtype(c10::ScalarType dtype) {
+inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
 #if KOLO_TORCH_DEVICE_GENERIC_AUTOCAST
-  at::autocast::set_autocast_dtype(at::kCPU, dtype);
+  at::autocast::set_autocast_dtype(device, dtype);
 #else
-  at::autocast::set_autocast_cpu_dtype(dtype);
+  if (device == c10::DeviceType::CUDA) {
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  } else {
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  }
 #endif
 }
 

@@ -55,12 +55,16 @@ const char* precision_name(Precision precision);
 // autocasts the CPU to bf16 only: another dtype is a ContractError.
 class AutocastGuard {
  public:
-  explicit AutocastGuard(c10::ScalarType dtype = torch::kBFloat16, bool enabled = true);
+  // `device`: the device type whose autocast state the region sets (kCPU or
+  // kCUDA; CUDA also autocasts to kHalf).
+  explicit AutocastGuard(c10::ScalarType dtype = torch::kBFloat16, bool enabled = true,
+                         c10::DeviceType device = c10::DeviceType::CPU);
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
 
  private:
+  c10::DeviceType device_;
   bool previous_enabled_;
   c10::ScalarType previous_dtype_;
 };

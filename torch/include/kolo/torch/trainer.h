@@ -104,7 +104,11 @@ struct TrainerOptions : CallOptions {
   // world_size are ignored: the optimizer's rank and world size. Evaluation
   // takes every sample once, in order.
   DistributedSamplerOptions sampling;
-  bool autocast_bf16 = false;  // the forward pass under AutocastGuard(kBFloat16)
+  bool autocast_bf16 = false;  // the forward pass under AutocastGuard(kBFloat16) of `device`
+  // Where the model is (the caller moves it there): each batch's inputs and
+  // targets are moved to it before the forward pass. CUDA tensors go through
+  // the optimizer's collectives as they are (kolo/core/device.h).
+  torch::Device device = torch::kCPU;
   // Dynamic loss scaling (Keras' LossScaleOptimizer, PyTorch's GradScaler;
   // mixed_precision.h), or nullptr: each step backpropagates
   // loss_scaler->scale(loss) and steps through loss_scaler->step(optimizer),
