@@ -11,6 +11,8 @@
 //   [--json] [--docs docs/benchmarks.md --docs docs/parallelism.md]
 //     (a plain process; pipeline bubble, throughput against data parallel, and memory of
 //     pp=2 / tp=2 against the unsplit model under a limit; built with libtorch)
+//   kolo-bench device [--sizes-mib 1,16,64,256] [--docs docs/benchmarks.md]
+//     (a plain process on a GPU machine: staging and NCCL against the device's copy rate)
 //   kolo-bench model [--data docs/hosts_data] [--json] [--docs docs/scale.md]
 //     (a plain process; fits the allreduce cost model to scripts/bench_hosts.sh's rows)
 //   kolo-bench ps [--models mlp,cnn] [--workers 2,4] [--servers 1,2] [--json]
@@ -34,6 +36,7 @@
 
 #include "chaos_bench.h"
 #include "collectives_bench.h"
+#include "device_bench.h"
 #include "elastic_bench.h"
 #include "engine_bench.h"
 #include "kolo/core/errors.h"
@@ -118,6 +121,21 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   engine_sub->add_option("--warmup", engine.timing.warmup, "untimed steps per round first")
       ->check(CLI::NonNegativeNumber);
+
+  kolo::bench::DeviceBenchOptions device;
+  device.command_line = command_line;
+  auto* device_sub = app.add_subcommand(
+      "device",
+      "CUDA tensors on one GPU: the device copy rate, an allreduce of 2 ranks sharing it "
+      "through host staging, and NCCL at world size 1 (run as a plain process)");
+  device_sub->add_option("--sizes-mib", device.sizes_mib, "message sizes in MiB")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  device_sub->add_option("--repeats", device.repeats, "timed calls per size (median)")
+      ->check(CLI::PositiveNumber);
+  device_sub->add_flag("--json", device.json, "one JSON object per row instead of the table");
+  device_sub->add_option("--docs", device.docs_path,
+                         "rewrite the device section of this markdown file");
 
 #ifdef KOLO_BENCH_HAVE_SCALING
   kolo::bench::ScalingOptions scaling;
@@ -517,6 +535,7 @@ int main(int argc, char** argv) {
       return kolo::bench::run_scaling_worker(scaling_worker);
     }
 #endif
+    if (*device_sub) return kolo::bench::run_device_bench(device);
     if (*engine_sub) {
       if (std::getenv("OMPI_COMM_WORLD_SIZE")) engine.command_line = "mpirun -np N " + command_line;
       return kolo::bench::run_engine_bench(engine);
