@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -95,12 +95,13 @@ int run_device_bench(const DeviceBenchOptions& options) {
     cuda->copy_to_device(b, host.data(), bytes, 0);
     cuda->copy_to_device(c, host.data(), bytes, 0);
 
-    const double copy_s =
-        median_seconds(options.warmup, options.repeats, [&] { cuda->copy_on_device(b, a, bytes, 0); });
+    const double copy_s = median_seconds(options.warmup, options.repeats,
+                                         [&] { cuda->copy_on_device(b, a, bytes, 0); });
     RequestOptions sum;
     sum.op = ReduceOp::kSum;
     const double staged_s = median_seconds(options.warmup, options.repeats, [&] {
-      std::thread peer([&] { staged[1]->allreduce("x", device_view(b, floats), device_view(b, floats), sum); });
+      std::thread peer(
+          [&] { staged[1]->allreduce("x", device_view(b, floats), device_view(b, floats), sum); });
       staged[0]->allreduce("x", device_view(a, floats), device_view(a, floats), sum);
       peer.join();
     });
@@ -111,7 +112,8 @@ int run_device_bench(const DeviceBenchOptions& options) {
     cuda->copy_to_device(a, host.data(), bytes, 0);
     cuda->copy_to_device(b, host.data(), bytes, 0);
     {
-      std::thread peer([&] { staged[1]->allreduce("x", device_view(b, floats), device_view(b, floats), sum); });
+      std::thread peer(
+          [&] { staged[1]->allreduce("x", device_view(b, floats), device_view(b, floats), sum); });
       staged[0]->allreduce("x", device_view(a, floats), device_view(a, floats), sum);
       peer.join();
     }

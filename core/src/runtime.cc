@@ -415,13 +415,11 @@ Engine& Runtime::engine() {
   // through the job's store like the host ones (engine/device_path.h).
   if (engine_options.store || topology_.size == 1) {
     const int rank = topology_.rank;
-    options.device_communicators = [engine_options, rank](const std::vector<int>& ranks,
-                                                          int set_id, int device) {
-      CommunicatorOptions o = group_options(engine_options, ranks, rank,
-                                            engine_options.prefix + "/nccl" +
-                                                std::to_string(set_id),
-                                            "kolo NCCL communicator of process set " +
-                                                std::to_string(set_id));
+    options.device_communicators = [engine_options, rank](const std::vector<int>& ranks, int set_id,
+                                                          int device) {
+      CommunicatorOptions o = group_options(
+          engine_options, ranks, rank, engine_options.prefix + "/nccl" + std::to_string(set_id),
+          "kolo NCCL communicator of process set " + std::to_string(set_id));
       o.device = device;
       return detail::make_nccl_communicator(o);
     };

@@ -10,16 +10,16 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "engine_harness.h"
-#include "thread_ranks.h"
 #include "kolo/core/device.h"
 #include "kolo/core/errors.h"
+#include "thread_ranks.h"
 
 namespace kolo {
 namespace {
@@ -156,7 +156,8 @@ TEST_P(EngineDevice, StagedAllreduceFusesAndMatchesTheHostResult) {
       data.push_back(d);
       RequestOptions o;
       o.op = ReduceOp::kSum;
-      handles.push_back(engine->allreduce_async("grad/" + std::to_string(t), cuda_view(d, {100}, stream),
+      handles.push_back(engine->allreduce_async("grad/" + std::to_string(t),
+                                                cuda_view(d, {100}, stream),
                                                 cuda_view(d, {100}, stream), o));
     }
     for (Handle& h : handles) h.wait();

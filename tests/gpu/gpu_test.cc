@@ -26,15 +26,16 @@ namespace {
 using testing::on;
 using testing::run_with_engines;
 
-#define KOLO_NEED_GPU()                                                         \
-  do {                                                                          \
+#define KOLO_NEED_GPU()                                                        \
+  do {                                                                         \
     if (!::torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device here"; \
   } while (0)
 
 const torch::Device kGpu(torch::kCUDA, 0);
 
 // Rank r's data for a test: distinct per rank and element, never all zeros.
-torch::Tensor data_of(int rank, std::vector<int64_t> shape, torch::ScalarType type = torch::kFloat) {
+torch::Tensor data_of(int rank, std::vector<int64_t> shape,
+                      torch::ScalarType type = torch::kFloat) {
   torch::manual_seed(1000 + rank);
   return torch::randn(shape, torch::kDouble).mul_(4).to(type);
 }
@@ -60,8 +61,8 @@ TEST(Gpu, StagedCollectivesOfTwoRanksSharingOneGpuMatchTheCpu) {
         gpu.push_back(cpu.back().to(kGpu));
         TensorOpOptions o = on(engine);
         o.op = ReduceOp::kSum;
-        handles.push_back(allreduce_async_(gpu.back(), "ar" + std::to_string(t) +
-                                                            c10::toString(type), o));
+        handles.push_back(
+            allreduce_async_(gpu.back(), "ar" + std::to_string(t) + c10::toString(type), o));
       }
       for (size_t t = 0; t < handles.size(); ++t) {
         torch::Tensor got = handles[t].wait().cpu();
@@ -89,11 +90,13 @@ TEST(Gpu, StagedCollectivesOfTwoRanksSharingOneGpuMatchTheCpu) {
     so.op = ReduceOp::kSum;
     torch::Tensor scattered = reducescatter(data_of(rank, {5, 2}).to(kGpu), "rs", so);
     torch::Tensor sum = data_of(0, {5, 2}) + data_of(1, {5, 2});
-    EXPECT_TRUE(torch::allclose(scattered.cpu(), rank == 0 ? sum.slice(0, 0, 3) : sum.slice(0, 3, 5)));
+    EXPECT_TRUE(
+        torch::allclose(scattered.cpu(), rank == 0 ? sum.slice(0, 0, 3) : sum.slice(0, 3, 5)));
     torch::Tensor a2a = alltoall(data_of(rank, {4}).to(kGpu), {}, "a2a", on(engine)).output;
     EXPECT_TRUE(a2a.device().is_cuda());
-    EXPECT_TRUE(torch::equal(a2a.cpu(), torch::cat({data_of(0, {4}).slice(0, rank * 2, rank * 2 + 2),
-                                                    data_of(1, {4}).slice(0, rank * 2, rank * 2 + 2)})));
+    EXPECT_TRUE(
+        torch::equal(a2a.cpu(), torch::cat({data_of(0, {4}).slice(0, rank * 2, rank * 2 + 2),
+                                            data_of(1, {4}).slice(0, rank * 2, rank * 2 + 2)})));
   });
 }
 

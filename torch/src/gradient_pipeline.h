@@ -71,7 +71,9 @@ struct GradBucket {
   c10::ScalarType dtype = torch::kFloat;
   torch::Device device = torch::kCPU;
   // The options of a flat buffer of the bucket (its dtype, on its device).
-  torch::TensorOptions options() const { return torch::TensorOptions().dtype(dtype).device(device); }
+  torch::TensorOptions options() const {
+    return torch::TensorOptions().dtype(dtype).device(device);
+  }
   int ready = 0;          // parameters whose gradient is final for this step
   bool launched = false;  // its exchange started this step (finish() resets it)
   bool done = false;      // ...and finished (its requests were waited for)

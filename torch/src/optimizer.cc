@@ -211,7 +211,8 @@ struct DistributedOptimizer::Impl : detail::GradientPipeline::Policy {
         Staging& s = staging[i];
         if (!s.buffer.defined() || s.buffer.scalar_type() != grad.scalar_type() ||
             s.buffer.sizes() != grad.sizes()) {
-          s.buffer = torch::empty(grad.sizes(), torch::TensorOptions().dtype(grad.scalar_type()).device(grad.device()));
+          s.buffer = torch::empty(
+              grad.sizes(), torch::TensorOptions().dtype(grad.scalar_type()).device(grad.device()));
         }
         detail::GradientPipeline::to_dense(s.buffer, grad);
         pipeline.count_copy(s.buffer.nbytes());

@@ -362,8 +362,7 @@ TensorHandle submit_allgather(const torch::Tensor& tensor, const std::string& na
   auto result = std::make_shared<torch::Tensor>();
   Engine& engine = engine_of(options, op);
   Handle handle = engine.allgather_async(
-      name, view, allocate_like(result, tensor, op, name + " (output)"),
-      request_options(options));
+      name, view, allocate_like(result, tensor, op, name + " (output)"), request_options(options));
   keep_alive(handle, {tensor});
   return TensorHandle(handle, result);
 }
@@ -438,8 +437,7 @@ TensorHandle submit_reducescatter(const torch::Tensor& tensor, const std::string
   const detail::SetPosition position = detail::set_position(engine, options.process_set, name);
   const std::vector<int64_t> out_shape =
       Engine::reducescatter_shape(in_view.shape, position.size, position.rank);
-  auto out = std::make_shared<torch::Tensor>(
-      torch::empty(out_shape, tensor.options()));
+  auto out = std::make_shared<torch::Tensor>(torch::empty(out_shape, tensor.options()));
   TensorView out_view = tensor_view(*out, op, name + " (output)");
   Handle handle = engine.reducescatter_async(name, in_view, out_view, request_options(options));
   keep_alive(handle, {tensor, *out});
@@ -474,9 +472,9 @@ TensorHandle submit_alltoall(const torch::Tensor& tensor, const std::vector<int6
   }
   auto result = std::make_shared<torch::Tensor>();
   Engine& engine = engine_of(options, op);
-  Handle handle = engine.alltoall_async(
-      name, view, splits, allocate_like(result, tensor, op, name + " (output)"),
-      request_options(options));
+  Handle handle = engine.alltoall_async(name, view, splits,
+                                        allocate_like(result, tensor, op, name + " (output)"),
+                                        request_options(options));
   keep_alive(handle, {tensor});
   return TensorHandle(handle, result);
 }

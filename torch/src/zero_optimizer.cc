@@ -103,8 +103,8 @@ void ZeroState::submit_reduce(int b) {
       return;
     }
   }
-  bucket.full_grad =
-      torch::empty({bucket.numel}, torch::TensorOptions().dtype(bucket.dtype).device(bucket.device));
+  bucket.full_grad = torch::empty({bucket.numel},
+                                  torch::TensorOptions().dtype(bucket.dtype).device(bucket.device));
   pipeline.pack(b, bucket.full_grad, AfterPack::kRelease);
   start(bucket.full_grad);
 }

@@ -145,9 +145,8 @@ class NcclCommunicator final : public Communicator {
   void allreduce(const void* in, void* out, size_t count, DType dtype,
                  const AllreduceOptions& o) override {
     const ncclDataType_t type = reduction_type("allreduce", dtype, o);
-    run("allreduce", o.timeout, [&] {
-      return nccl_.AllReduce(in, out, count, type, nccl_op(o.op), comm_, stream_);
-    });
+    run("allreduce", o.timeout,
+        [&] { return nccl_.AllReduce(in, out, count, type, nccl_op(o.op), comm_, stream_); });
   }
 
   void allgather(const void* in, void* out, size_t count, DType dtype,
@@ -183,9 +182,8 @@ class NcclCommunicator final : public Communicator {
                           " is not a rank of this communicator of " + std::to_string(size_));
     }
     const size_t bytes = count * dtype_size(dtype);
-    run("broadcast", o.timeout, [&] {
-      return nccl_.Broadcast(buffer, buffer, bytes, ncclUint8, o.root, comm_, stream_);
-    });
+    run("broadcast", o.timeout,
+        [&] { return nccl_.Broadcast(buffer, buffer, bytes, ncclUint8, o.root, comm_, stream_); });
   }
 
   void reducescatter(const void* in, void* out, size_t count, DType dtype,
@@ -195,9 +193,8 @@ class NcclCommunicator final : public Communicator {
     if (in != out || rank_ == 0) {
       // NCCL's in-place form writes at in + rank * count: for rank 0 that is
       // kolo's in-place layout (the first count elements) already.
-      run("reducescatter", o.timeout, [&] {
-        return nccl_.ReduceScatter(in, out, count, type, nccl_op(o.op), comm_, stream_);
-      });
+      run("reducescatter", o.timeout,
+          [&] { return nccl_.ReduceScatter(in, out, count, type, nccl_op(o.op), comm_, stream_); });
       return;
     }
     // kolo's in place: the result over the first `count` elements of in.
@@ -228,13 +225,11 @@ class NcclCommunicator final : public Communicator {
 
   void barrier(const CollectiveOptions& o) override {
     void* one = scratch(sizeof(int32_t));
-    run("barrier", o.timeout, [&] {
-      return nccl_.AllReduce(one, one, 1, ncclInt32, ncclSum, comm_, stream_);
-    });
+    run("barrier", o.timeout,
+        [&] { return nccl_.AllReduce(one, one, 1, ncclInt32, ncclSum, comm_, stream_); });
   }
 
-  void send(const void* data, size_t count, DType dtype, int peer,
-            const P2POptions& o) override {
+  void send(const void* data, size_t count, DType dtype, int peer, const P2POptions& o) override {
     check_peer("send", peer);
     const size_t bytes = count * dtype_size(dtype);
     run("send", o.timeout,
@@ -298,8 +293,7 @@ class NcclCommunicator final : public Communicator {
   void check_peer(const char* op, int peer) const {
     if (peer < 0 || peer >= size_ || peer == rank_) {
       throw ContractError(std::string("kolo nccl ") + op + ": peer " + std::to_string(peer) +
-                          " is not another rank of this communicator of " +
-                          std::to_string(size_));
+                          " is not another rank of this communicator of " + std::to_string(size_));
     }
   }
 

@@ -50,8 +50,8 @@ class CudaRuntime final : public DeviceRuntime {
 
   void wait(const Event& event) override {
     if (!event) return;
-    api_.check(api_.EventSynchronize(static_cast<cudaEvent_t>(event.get())),
-               "cudaEventSynchronize", -1);
+    api_.check(api_.EventSynchronize(static_cast<cudaEvent_t>(event.get())), "cudaEventSynchronize",
+               -1);
   }
 
   void copy_to_host(void* host, const void* device_data, size_t bytes, int device) override {
@@ -72,8 +72,7 @@ class CudaRuntime final : public DeviceRuntime {
 
   void* alloc_host(size_t bytes) override {
     void* data = nullptr;
-    api_.check(api_.HostAlloc(&data, bytes ? bytes : 1, cudaHostAllocDefault), "cudaHostAlloc",
-               -1);
+    api_.check(api_.HostAlloc(&data, bytes ? bytes : 1, cudaHostAllocDefault), "cudaHostAlloc", -1);
     return data;
   }
   void free_host(void* data) noexcept override {
@@ -107,8 +106,7 @@ class CudaRuntime final : public DeviceRuntime {
     auto it = streams_.find(device);
     if (it != streams_.end()) return it->second;
     cudaStream_t s = nullptr;
-    api_.check(api_.StreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate",
-               device);
+    api_.check(api_.StreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate", device);
     streams_[device] = s;
     return s;
   }

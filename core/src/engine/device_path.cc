@@ -60,8 +60,9 @@ void fill_neutral(void* buffer, size_t count, DType dtype, ReduceOp op, double p
 
 namespace {
 FusionBuffer device_buffer(DeviceRuntime* runtime, int device) {
-  return FusionBuffer([runtime, device](size_t bytes) { return runtime->alloc_device(bytes, device); },
-                      [runtime, device](void* p) { runtime->free_device(p, device); });
+  return FusionBuffer(
+      [runtime, device](size_t bytes) { return runtime->alloc_device(bytes, device); },
+      [runtime, device](void* p) { runtime->free_device(p, device); });
 }
 }  // namespace
 

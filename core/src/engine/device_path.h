@@ -36,9 +36,9 @@ class BatchMemory {
   void zero(void* data, size_t bytes);
   void fill_neutral(void* data, size_t count, DType dtype, ReduceOp op, double prescale);
 
-  FusionBuffer fusion;       // packed inputs / in-place fused results
-  FusionBuffer fusion_out;   // fused allgather results
-  FusionBuffer scratch;      // neutral inputs and discarded outputs of joined ranks
+  FusionBuffer fusion;      // packed inputs / in-place fused results
+  FusionBuffer fusion_out;  // fused allgather results
+  FusionBuffer scratch;     // neutral inputs and discarded outputs of joined ranks
   FusionBuffer scratch_out;
 
  private:

@@ -169,8 +169,10 @@ void Engine::Impl::bind_device(const std::string& what, const Device& d) {
   std::lock_guard<std::mutex> lock(device_mutex);
   if (bound_device < 0) bound_device = d.index;
   if (d.index != bound_device) {
-    throw ContractError(what + " is on " + d.str() + ", but this rank's earlier CUDA tensors are "
-                        "on cuda:" + std::to_string(bound_device) +
+    throw ContractError(what + " is on " + d.str() +
+                        ", but this rank's earlier CUDA tensors are "
+                        "on cuda:" +
+                        std::to_string(bound_device) +
                         "; kolo runs each rank on one GPU (as Horovod and DDP do): move the "
                         "tensor there, or pin the rank to one device (torch::cuda::set_device "
                         "with the local rank)");
@@ -180,16 +182,16 @@ void Engine::Impl::bind_device(const std::string& what, const Device& d) {
 Handle Engine::Impl::submit(std::unique_ptr<Request> request) {
   if (!request->handle) request->handle = std::make_shared<HandleState>();
   if (!request->in.device.is_cpu()) {
-    const std::string what = std::string("kolo::Engine: ") +
-                             request_kind_name(request->info.kind) + " of tensor '" +
-                             request->info.name + "'";
+    const std::string what = std::string("kolo::Engine: ") + request_kind_name(request->info.kind) +
+                             " of tensor '" + request->info.name + "'";
     if (request->in.device.type != DeviceType::kCUDA) {
       throw ContractError(what + " is on device " + request->in.device.str() +
                           ", which kolo does not support; use CPU or CUDA tensors");
     }
     DeviceRuntime& runtime = device_runtime(what);
     if (runtime.type() != DeviceType::kCUDA) {
-      throw ContractError(what + " is a CUDA tensor, but this engine's device runtime is not CUDA's");
+      throw ContractError(what +
+                          " is a CUDA tensor, but this engine's device runtime is not CUDA's");
     }
     bind_device(what, request->in.device);
     // Readiness: the work queued on the producer's stream up to this call.

@@ -171,9 +171,9 @@ struct Engine::Impl {
   int next_set_id = 1;
   std::unique_ptr<detail::Timeline> timeline;
   std::unique_ptr<detail::Autotuner> autotuner;
-  detail::BatchMemory host_memory;          // fusion and scratch buffers of host batches
+  detail::BatchMemory host_memory;           // fusion and scratch buffers of host batches
   std::unique_ptr<detail::Staging> staging;  // CUDA tensors on host routes
-  std::vector<AllreduceSegment> segments;  // a fused allreduce's tensors (native segments)
+  std::vector<AllreduceSegment> segments;    // a fused allreduce's tensors (native segments)
   uint64_t cycle_bytes = 0;
   std::vector<detail::Finished> finished;  // out of negotiation, handles not yet completed
   std::thread thread;

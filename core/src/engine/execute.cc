@@ -73,12 +73,9 @@ void Engine::Impl::execute(SetState& set, std::vector<Item>& data) {
       case RequestKind::kAllreduce: {
         const AllreduceOptions o = reduce_options(*r, n);
         bytes = r->elements() * esize;
-        key = Key{kind_key,
-                  static_cast<int>(r->dtype),
-                  static_cast<int>(o.op),
-                  o.prescale,
-                  o.postscale,
-                  0};
+        key = Key{
+            kind_key, static_cast<int>(r->dtype), static_cast<int>(o.op), o.prescale, o.postscale,
+            0};
         break;
       }
       case RequestKind::kAllgather: {  // fused as bytes: any dtypes together
@@ -170,7 +167,8 @@ Engine::Impl::Route Engine::Impl::route(SetState& set, const Response& first) {
   if (first.device == DeviceType::kCPU) return Route{set.comm, &host_memory, false};
   if (set.cuda_route == SetState::CudaRoute::kUndecided) decide_cuda_route(set);
   bool nccl = set.cuda_route == SetState::CudaRoute::kNccl;
-  if (nccl && (first.kind == RequestKind::kAllreduce || first.kind == RequestKind::kReducescatter)) {
+  if (nccl &&
+      (first.kind == RequestKind::kAllreduce || first.kind == RequestKind::kReducescatter)) {
     // What NCCL cannot reduce exactly as the host backends do is staged.
     const AllreduceOptions o = reduce_options(first, static_cast<int>(set.ranks.size()));
     if (first.dtype == DType::kI16 || o.prescale != 1.0 || o.postscale != 1.0) nccl = false;
@@ -222,8 +220,9 @@ void Engine::Impl::decide_cuda_route(SetState& set) {
                             ? "rank(s) " + unable +
                                   " cannot run NCCL (kolo built without CUDA, no NCCL library, "
                                   "or a device runtime that is not CUDA's)"
-                            : "ranks " + shared + " share one GPU, and NCCL cannot run two "
-                                                  "ranks on one GPU";
+                            : "ranks " + shared +
+                                  " share one GPU, and NCCL cannot run two "
+                                  "ranks on one GPU";
       throw ContractError("kolo engine: KOLO_CUDA_COMM=nccl, but " + why +
                           "; give each rank a GPU of its own (KOLO_LOCAL_RANK picks it), or "
                           "set KOLO_CUDA_COMM=auto to stage CUDA tensors through the host "
@@ -341,7 +340,7 @@ void Engine::Impl::run_allreduce(SetState& set, const Route& route,
       if (bytes) route.mem->copy(buffer + offset, req->in.data, bytes);
     } else {
       route.mem->fill_neutral(buffer + offset, static_cast<size_t>(r->elements()), r->dtype, r->op,
-                   r->prescale);
+                              r->prescale);
     }
     phase_end(req, TimelinePhase::kMemcpyInFusionBuffer);
     phase_begin(req, TimelinePhase::kCollective, "ALLREDUCE");
@@ -435,7 +434,8 @@ void Engine::Impl::run_allgather(SetState& set, const Route& route,
     std::vector<size_t> counts(n);
     for (int k = 0; k < n; ++k) counts[k] = static_cast<size_t>(it.r->rows[k]) * row_elements;
     const void* in = it.req && it.req->in.data ? it.req->in.data : route.mem->scratch.get(1);
-    void* out = it.out.data && !it.error ? it.out.data : route.mem->scratch_out.get(total_bytes + 1);
+    void* out =
+        it.out.data && !it.error ? it.out.data : route.mem->scratch_out.get(total_bytes + 1);
     phase_end(it.req, TimelinePhase::kQueue);
     phase_begin(it.req, TimelinePhase::kCollective, "ALLGATHER");
     route.comm->allgatherv(in, out, counts, it.r->dtype, CollectiveOptions{});
@@ -473,7 +473,7 @@ void Engine::Impl::run_allgather(SetState& set, const Route& route,
         const size_t bytes = static_cast<size_t>(it.r->rows[k]) * it.row_bytes;
         if (it.req && !it.error && bytes) {
           route.mem->copy(static_cast<uint8_t*>(it.out.data) + out_offset,
-                      gathered + block_start[k] + within[k], bytes);
+                          gathered + block_start[k] + within[k], bytes);
         }
         within[k] += bytes;
         out_offset += bytes;
@@ -574,8 +574,9 @@ void Engine::Impl::run_reducescatter(SetState& set, const Route& route, const It
   phase_end(req, TimelinePhase::kQueue);
   if (extra == 0) {
     phase_begin(req, TimelinePhase::kCollective, "REDUCESCATTER");
-    route.comm->reducescatter(in ? in : route.mem->scratch.get(1), out ? out : route.mem->scratch_out.get(1),
-                            base * row_elements, r.dtype, o);
+    route.comm->reducescatter(in ? in : route.mem->scratch.get(1),
+                              out ? out : route.mem->scratch_out.get(1), base * row_elements,
+                              r.dtype, o);
     phase_end(req, TimelinePhase::kCollective);
   } else {
     // Uneven split: pad every rank's share to base + 1 rows, reduce-scatter
@@ -627,8 +628,9 @@ void Engine::Impl::run_alltoall(SetState& set, const Route& route, const Item& i
     out = allocate_output(req, shape, &error);
   }
   const void* in = req && req->in.data ? req->in.data : route.mem->scratch.get(1);
-  void* out_data =
-      out.data && !error ? out.data : route.mem->scratch_out.get(recv_rows * row_elements * esize + 1);
+  void* out_data = out.data && !error
+                       ? out.data
+                       : route.mem->scratch_out.get(recv_rows * row_elements * esize + 1);
   phase_end(req, TimelinePhase::kQueue);
   phase_begin(req, TimelinePhase::kCollective, "ALLTOALL");
   route.comm->alltoallv(in, send, out_data, recv, r.dtype, CollectiveOptions{});
