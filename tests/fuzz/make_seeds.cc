@@ -76,6 +76,7 @@ void engine_seeds() {
   b.name = "tokens";
   b.shape = {4};
   b.splits = {1, 3};
+  b.device = kolo::DeviceType::kCUDA;
   list.requests.push_back(b);
   write("engine_message", "requests", d::serialize(list));
   list.verdicts.push_back({"stuck", {1, 2}, 61.5});
