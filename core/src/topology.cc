@@ -196,7 +196,10 @@ void fill(const Found& f, Topology& t) {
   };
   if (!f.size.value) fail(f.rank.name + " is set but " + f.size.name + " is not");
   if (!f.rank.value) fail(f.size.name + " is set but " + f.rank.name + " is not");
-  if (*f.size.value < 1 || *f.size.value > (1 << 24)) fail(shown(f.size) + " is not >= 1");
+  // A world has at most 2^24 ranks; the message names the whole range.
+  if (*f.size.value < 1 || *f.size.value > (1 << 24)) {
+    fail(shown(f.size) + " is not in [1, " + std::to_string(1 << 24) + "]");
+  }
   if (*f.rank.value < 0 || *f.rank.value >= *f.size.value) {
     fail(shown(f.rank) + " is not in [0, " + shown(f.size) + ")");
   }

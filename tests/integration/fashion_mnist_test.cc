@@ -590,5 +590,26 @@ TEST_F(FashionMnistExample, BadZeroStageIsAClearError) {
       << r.err;
 }
 
+// --device cuda: on a machine without a GPU every worker says so and the job
+// fails at once (on one, it trains); with a strategy that keeps its model on
+// the CPU it is refused before training.
+TEST_F(FashionMnistExample, CudaDeviceWithoutAGpuOrWithAnotherStrategyIsAClearError) {
+  RunResult r = run_kolorun({"-np", "2", example_path(), "--device", "cuda", "--epochs", "1",
+                             "--train-subset", "256", "--test-subset", "100"},
+                            seconds(120));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  if (r.err.find("--device cuda: no CUDA device is present") != std::string::npos) {
+    EXPECT_NE(r.exit_code, 0);
+  } else {
+    EXPECT_EQ(r.exit_code, 0) << "a GPU is present: the example must train on it\n" << r.err;
+  }
+  RunResult mirrored = run_kolorun(
+      {"-np", "1", example_path(), "--device", "cuda", "--strategy", "mirrored"}, seconds(60));
+  ASSERT_FALSE(mirrored.timed_out) << mirrored.out << mirrored.err;
+  EXPECT_EQ(mirrored.exit_code, 2) << mirrored.err;
+  EXPECT_NE(mirrored.err.find("--device cuda trains with --strategy allreduce"), std::string::npos)
+      << mirrored.err;
+}
+
 }  // namespace
 }  // namespace kolo::kolorun_test

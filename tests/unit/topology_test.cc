@@ -271,7 +271,10 @@ TEST(Topology, InconsistentValuesNameTheVariable) {
                "OMPI_COMM_WORLD_RANK=\"two\" is not a whole number");
   expect_error({{"OMPI_COMM_WORLD_RANK", "4"}, {"OMPI_COMM_WORLD_SIZE", "4"}},
                "OMPI_COMM_WORLD_RANK=4 is not in [0, OMPI_COMM_WORLD_SIZE=4)");
-  expect_error({{"PMI_RANK", "0"}, {"PMI_SIZE", "0"}}, "PMI_SIZE=0 is not >= 1");
+  expect_error({{"PMI_RANK", "0"}, {"PMI_SIZE", "0"}}, "PMI_SIZE=0 is not in [1, 16777216]");
+  // Above the cap, the message names the range, not only its lower end.
+  expect_error({{"KOLO_RANK", "0"}, {"KOLO_SIZE", "16777217"}},
+               "KOLO_SIZE=16777217 is not in [1, 16777216]");
   expect_error({{"SLURM_PROCID", "1"}}, "SLURM_PROCID is set but SLURM_NTASKS is not");
   expect_error({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2 "}},
                "SLURM_NTASKS=\"2 \" is not a whole number");
