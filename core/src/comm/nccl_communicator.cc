@@ -127,12 +127,13 @@ class NcclCommunicator final : public Communicator {
   }
 
   ~NcclCommunicator() override {
-    if (comm_ == nullptr) return;
     cuda_.SetDevice(device_);
-    if (broken_) {
-      nccl_.CommAbort(comm_);
-    } else {
-      nccl_.CommDestroy(comm_);
+    if (comm_ != nullptr) {  // null once a fault aborted it
+      if (broken_) {
+        nccl_.CommAbort(comm_);
+      } else {
+        nccl_.CommDestroy(comm_);
+      }
     }
     if (scratch_) cuda_.Free(scratch_);
     if (stream_) cuda_.StreamDestroy(stream_);
