@@ -103,8 +103,7 @@ void ZeroState::submit_reduce(int b) {
       return;
     }
   }
-  bucket.full_grad = torch::empty({bucket.numel},
-                                  torch::TensorOptions().dtype(bucket.dtype).device(bucket.device));
+  bucket.full_grad = torch::empty({bucket.numel}, bucket.options());
   pipeline.pack(b, bucket.full_grad, AfterPack::kRelease);
   start(bucket.full_grad);
 }
@@ -362,8 +361,7 @@ ZeroOptimizer::~ZeroOptimizer() {
       // than leave views of 0 bytes (call gather_parameters() before
       // destroying to keep the full model).
       for (int index : bucket.params) {
-        state.params[index].param.set_data(
-            torch::empty({0}, torch::TensorOptions().dtype(bucket.dtype).device(bucket.device)));
+        state.params[index].param.set_data(torch::empty({0}, bucket.options()));
       }
     }
   }

@@ -102,7 +102,7 @@ void ZeroState::build(const std::vector<std::pair<std::string, ShardedUnitImpl*>
     const EvenSplit slice = even_split(bucket.numel, size, rank);
     bucket.shard_begin = slice.begin;
     bucket.shard_numel = slice.count;
-    const auto type = torch::TensorOptions().dtype(bucket.dtype).device(bucket.device);
+    const auto type = bucket.options();
     // The parameters become views of one flat buffer per bucket (set_data
     // keeps each parameter the same tensor the model and the user hold).
     bucket.full = torch::empty({bucket.numel}, type);

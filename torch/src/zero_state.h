@@ -84,12 +84,16 @@ struct ZeroBucket {
   int64_t shard_numel = 0;
   c10::ScalarType dtype = torch::kFloat;
   torch::Device device = torch::kCPU;  // the parameters' (the gradient pipeline's bucket)
-  torch::Tensor full;                  // (numel) the parameters' storage (see above)
-  int64_t full_nbytes = 0;             // bytes of `full` when it holds the parameters
-  torch::Tensor shard;                 // (shard_numel) this rank's parameter slice (authoritative)
-  torch::Tensor grad_shard;            // (shard_numel) reduced gradient of the slice
-  torch::Tensor flat_grad;  // stage 1: (numel) the parameters' gradients, reduced in place
-  torch::Tensor full_grad;  // stages 2, 3: (numel) packed gradients being reduce-scattered
+  // The options of a flat buffer of the bucket (its dtype, on its device).
+  torch::TensorOptions options() const {
+    return torch::TensorOptions().dtype(dtype).device(device);
+  }
+  torch::Tensor full;        // (numel) the parameters' storage (see above)
+  int64_t full_nbytes = 0;   // bytes of `full` when it holds the parameters
+  torch::Tensor shard;       // (shard_numel) this rank's parameter slice (authoritative)
+  torch::Tensor grad_shard;  // (shard_numel) reduced gradient of the slice
+  torch::Tensor flat_grad;   // stage 1: (numel) the parameters' gradients, reduced in place
+  torch::Tensor full_grad;   // stages 2, 3: (numel) packed gradients being reduce-scattered
 
   // Stage 3: the unit's parameters are views of `full`, whose storage is
   // released (0 bytes) while the unit is not in use.

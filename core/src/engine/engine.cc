@@ -255,6 +255,16 @@ void check_view(const std::string& op, const std::string& name, const char* argu
   }
 }
 
+// An output lives where its input does (allreduce, reducescatter).
+void check_same_device(const std::string& op, const std::string& name, const TensorView& in,
+                       const TensorView& out) {
+  if (out.device != in.device) {
+    throw ContractError("kolo::Engine::" + op + " of '" + name + "': out is on " +
+                        out.device.str() + " but in is on " + in.device.str() +
+                        "; pass an output on the input's device");
+  }
+}
+
 void check_reduce(const std::string& op, const std::string& name, const RequestOptions& o) {
   if (static_cast<int>(o.op) >= kNumReduceOps) {
     throw ContractError("kolo::Engine::" + op + " of '" + name + "': op " +
@@ -329,11 +339,7 @@ Handle Engine::allreduce_async(const std::string& name, const TensorView& in, co
                         ") must have the dtype and element count of in (" + dtype_name(in.dtype) +
                         " " + detail::shape_text(in.shape) + ")");
   }
-  if (out.device != in.device) {
-    throw ContractError("kolo::Engine::allreduce_async of '" + name + "': out is on " +
-                        out.device.str() + " but in is on " + in.device.str() +
-                        "; pass an output on the input's device");
-  }
+  check_same_device(op, name, in, out);
   auto request = make_request(impl_->queue, RequestKind::kAllreduce, name, in, options);
   request->info.root = 0;
   request->process_set = options.process_set;
@@ -407,11 +413,7 @@ Handle Engine::reducescatter_async(const std::string& name, const TensorView& in
                         detail::shape_text(expected) +
                         " (Engine::reducescatter_shape of the input for this rank)");
   }
-  if (out.device != in.device) {
-    throw ContractError("kolo::Engine::reducescatter_async of '" + name + "': out is on " +
-                        out.device.str() + " but in is on " + in.device.str() +
-                        "; pass an output on the input's device");
-  }
+  check_same_device(op, name, in, out);
   auto request = make_request(impl_->queue, RequestKind::kReducescatter, name, in, options);
   request->info.root = 0;
   request->process_set = options.process_set;
