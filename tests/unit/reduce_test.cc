@@ -278,6 +278,53 @@ TEST(Reduce, TruncatingIntegersAsHorovod) {
       (std::vector<int32_t>{4, 3}));
 }
 
+TEST(Reduce, AveragesDivideCorrectlyRounded) {
+  // 3 ranks, one of which joined (zeros): Horovod's test_horovod_join_allreduce
+  // expects 2x / 3 exactly, as torch's `t / 3` gives. float(1/3) * 2x differs
+  // in 66 of the 201 values below; the average, and a Sum with postscale
+  // 1/3 (how the Python frontend sends Horovod's Average), divide instead.
+  std::vector<float> x, zeros(201, 0.0f), expected;
+  for (int v = -100; v <= 100; ++v) {
+    x.push_back(static_cast<float>(v));
+    expected.push_back(static_cast<float>(2 * v) / 3.0f);
+  }
+  const void* in[3] = {x.data(), x.data(), zeros.data()};
+  std::vector<float> average(201), sum_scaled(201);
+  reduce_inputs(average.data(), in, 3, 201, DType::kF32, options_of(ReduceOp::kAverage), 3);
+  reduce_inputs(sum_scaled.data(), in, 3, 201, DType::kF32,
+                options_of(ReduceOp::kSum, 1.0, 1.0 / 3), 3);
+  EXPECT_EQ(average, expected);
+  EXPECT_EQ(sum_scaled, expected);
+  // The pairwise (ring) path finishes alike.
+  std::vector<float> ring = x;
+  reduce_pair(ring.data(), x.data(), 201, DType::kF32, ReduceOp::kSum);
+  finish_reduction(ring.data(), 201, DType::kF32, options_of(ReduceOp::kSum, 1.0, 1.0 / 3), 3);
+  EXPECT_EQ(ring, expected);
+
+  // Any other postscale is Horovod's float factor: float(2x) * float(0.37).
+  std::vector<float> scaled(201);
+  reduce_inputs(scaled.data(), in, 3, 201, DType::kF32, options_of(ReduceOp::kSum, 1.0, 0.37), 3);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(scaled[i], 2.0f * x[i] * 0.37f) << i;
+
+  // f16: the f32 quotient rounded once more to f16.
+  std::vector<uint16_t> h, hzeros(201, float_to_f16(0.0f));
+  for (float v : x) h.push_back(float_to_f16(v));
+  const void* hin[3] = {h.data(), h.data(), hzeros.data()};
+  std::vector<uint16_t> havg(201);
+  reduce_inputs(havg.data(), hin, 3, 201, DType::kF16, options_of(ReduceOp::kAverage), 3);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(havg[i], float_to_f16(expected[i])) << i;
+
+  // Integers: 1.0 / (1.0 / 49) is not 49 in double, and 49 * (1.0 / 49)
+  // truncates to 0; a postscale of 1/49 divides, so 49 / 49 is 1.
+  EXPECT_EQ(
+      reduce_ints<int32_t>({{49, 98, -49}}, DType::kI32, options_of(ReduceOp::kSum, 1.0, 1.0 / 49)),
+      (std::vector<int32_t>{1, 2, -1}));
+  // With an average's divisor too: (1/2) over 3 ranks divides by 6.
+  EXPECT_EQ(reduce_ints<int32_t>({{6, 12}, {0, 0}, {0, 0}}, DType::kI32,
+                                 options_of(ReduceOp::kAverage, 1.0, 0.5)),
+            (std::vector<int32_t>{1, 2}));
+}
+
 TEST(Reduce, PairwiseStepsMatchReduceInputs) {
   // prescale on each input, pairwise accumulation, finish: the ring path.
   const int n = 3;

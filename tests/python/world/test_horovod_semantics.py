@@ -1,7 +1,8 @@
 """Where Horovod's behaviour is more than its signatures: what its own test
 file (test/parallel/test_torch.py) checks, in kolo's tests. Integer scaling
-truncates, Average after join() divides by the whole set, grouped allgather
-and reducescatter are differentiable, alltoall's backward without splits
+truncates, Average (after join() too) divides by the whole set and is the
+correctly rounded quotient, grouped allgather and reducescatter are
+differentiable, alltoall's backward without splits
 sends back what each rank received, DistributedOptimizer trains locally on a
 rank outside its process set, sparse tensors reduce by allgather and sparse
 embedding gradients train with SparseAdam, bad splits fail on the rank that
@@ -67,6 +68,23 @@ def test_average_after_join_divides_by_the_whole_set(world):
         world.join()
     else:
         world.join()
+
+
+def test_average_is_the_correctly_rounded_quotient_with_and_without_join(world):
+    # Horovod's test_horovod_join_allreduce compares with `t * (n - 1) / n`
+    # exactly; Horovod's own float(1 / n) factor misses it at 3 ranks.
+    n, me = world.size(), world.rank()
+    x = torch.arange(-100, 101, dtype=torch.float32)
+    expected = (x * (n - 1)) / n
+    out = world.allreduce(x if me != 0 else torch.zeros_like(x), op=hvd.Average,
+                          name="quotient.plain")
+    assert torch.equal(out, expected)
+    if me == 0:
+        world.join()
+    else:
+        out = world.allreduce(x, op=hvd.Average, name="quotient.joined")
+        world.join()
+        assert torch.equal(out, expected)
 
 
 def test_grouped_allgather_and_reducescatter_are_differentiable(world):
