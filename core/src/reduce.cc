@@ -177,7 +177,11 @@ template <typename A>
 Scales<A> scales_of(double prescale, const Finish& f) {
   Scales<A> s{};
   s.prescale = static_cast<A>(prescale);
-  s.by_division = f.multiply == 1.0 && f.divide != 1.0;
+  // A power of two's reciprocal is exact: multiplying by it is the same
+  // quotient, and keeps the 2-, 4- and 8-rank averages on the multiply.
+  int exponent = 0;
+  const bool power_of_two = std::frexp(f.divide, &exponent) == 0.5;
+  s.by_division = f.multiply == 1.0 && !power_of_two;
   s.multiply = static_cast<A>(f.multiply / f.divide);
   s.divide = static_cast<A>(f.divide);
   s.multiply_d = f.multiply;
