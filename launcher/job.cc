@@ -46,13 +46,7 @@ JobPlan plan_job(const LaunchOptions& options, const PlanContext& context) {
   if (any_local) {
     plan.program_path = find_executable(options.program, context.path);
     if (plan.program_path.empty()) {
-      throw UsageError("program '" + options.program + "' " +
-                       (options.program.find('/') == std::string::npos
-                            ? "is not an executable file in PATH"
-                            : "does not exist or is not an executable file") +
-                       (options.program.find('/') == std::string::npos
-                            ? ": check the name or give its path (e.g. ./" + options.program + ")"
-                            : ": check the path, or chmod +x it"));
+      throw UsageError("program '" + options.program + "' " + why_not_executable(options.program));
     }
   }
   if (plan.any_remote) {

@@ -157,13 +157,12 @@ int launch_elastic(const LaunchOptions& options) {
   setup.this_hostname = hostname;
   setup.program_path = find_executable(options.program, path);
   if (setup.program_path.empty()) {
-    throw UsageError("program '" + options.program +
-                     "' does not exist or is not executable: check the name or give its path");
+    throw UsageError("program '" + options.program + "' " + why_not_executable(options.program));
   }
   if (!options.host_discovery_script.empty() &&
       find_executable(options.host_discovery_script, path).empty()) {
-    throw UsageError("--host-discovery-script '" + options.host_discovery_script +
-                     "' does not exist or is not executable (chmod +x it)");
+    throw UsageError("--host-discovery-script '" + options.host_discovery_script + "' " +
+                     why_not_executable(options.host_discovery_script));
   }
   // Hosts may appear anywhere when a discovery script names them: the
   // (authenticated) rendezvous then listens on every interface, at the

@@ -202,6 +202,33 @@ std::string find_executable(const std::string& program, const std::string& path_
   return "";
 }
 
+std::string why_not_executable(const std::string& program) {
+  if (program.find('/') == std::string::npos) {
+    return "is not an executable file in PATH: check the name or give its path (e.g. ./" + program +
+           ")";
+  }
+  struct stat info;
+  if (stat(program.c_str(), &info) != 0) {
+    const int error = errno;
+    switch (error) {
+      case ENOENT:
+        return "does not exist: check the path";
+      case ELOOP:
+        return "is a loop of symbolic links (" + std::string(strerror(error)) +
+               "): point the link at the program itself";
+      case ENOTDIR:
+        return "does not exist: a component of its path is not a directory";
+      case EACCES:
+        return "cannot be reached: permission denied on a directory of its path";
+      default:
+        return "cannot be examined (" + std::string(strerror(error)) + "): check the path";
+    }
+  }
+  if (S_ISDIR(info.st_mode)) return "is a directory: give the program inside it";
+  if (!S_ISREG(info.st_mode)) return "is not a regular file: give the program's path";
+  return "is not an executable file: chmod +x it";
+}
+
 std::string signal_name(int signal_number) {
   const char* abbrev = sigabbrev_np(signal_number);
   if (abbrev == nullptr) return "signal " + std::to_string(signal_number);

@@ -56,6 +56,13 @@ CapturedRun run_captured(const SpawnRequest& request, std::chrono::milliseconds 
 // are searched in PATH). Returns the path, or "" when no executable file exists.
 std::string find_executable(const std::string& program, const std::string& path_variable);
 
+// Why find_executable(program, PATH) found nothing, as a phrase that
+// follows the program's name in a message: "is not an executable file in
+// PATH: ...", "does not exist: ...", "is a loop of symbolic links: ...",
+// "is a directory: ...", "is not executable: chmod +x it". Each ends with
+// what to do about it.
+std::string why_not_executable(const std::string& program);
+
 // Reaps the exited group leader `pid` (waitpid, retried on EINTR). With
 // `kill_group`, first SIGKILLs what it left in its process group: while the
 // leader is an unreaped zombie its group id cannot be reused, so the group is

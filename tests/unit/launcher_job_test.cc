@@ -1,8 +1,10 @@
 // Job planning: checks before anything is spawned, and each worker's request
 // (launcher/job.h), plus the mpirun command of --backend mpi (mpi_launch.h).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "job.h"
 #include "mpi_launch.h"
@@ -69,6 +71,9 @@ TEST(LauncherJob, ChecksBeforeSpawning) {
       std::string::npos);
   EXPECT_NE(plan_error({"-np", "2", "/etc/passwd"}).find("not an executable file"),
             std::string::npos);
+  EXPECT_NE(plan_error({"-np", "2", "/no-such-dir-kolo/prog"}).find("does not exist"),
+            std::string::npos);
+  EXPECT_NE(plan_error({"-np", "2", "/tmp"}).find("is a directory"), std::string::npos);
   EXPECT_NE(plan_error({"-np", "2", "--backend", "mpi", "sh"}).find("has no mpi backend"),
             std::string::npos);
   EXPECT_NE(plan_error({"-H", "node2:2", "--backend", "shm", "sh"}).find("use --backend gloo"),
@@ -78,6 +83,19 @@ TEST(LauncherJob, ChecksBeforeSpawning) {
   EXPECT_NE(plan_error({"-H", "node2:1", "--ssh-command", "no-such-ssh", "sh"})
                 .find("--ssh-command 'no-such-ssh'"),
             std::string::npos);
+}
+
+TEST(LauncherJob, NamesASymlinkLoopAsOne) {
+  // A link that points at itself: stat fails with ELOOP, not ENOENT.
+  char dir_template[] = "/tmp/kolo-loop-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string link = std::string(dir_template) + "/prog";
+  ASSERT_EQ(symlink(link.c_str(), link.c_str()), 0);
+  const std::string error = plan_error({"-np", "2", link});
+  unlink(link.c_str());
+  rmdir(dir_template);
+  EXPECT_NE(error.find("is a loop of symbolic links"), std::string::npos) << error;
+  EXPECT_EQ(error.find("does not exist"), std::string::npos) << error;
 }
 
 JobInfo sample_job() {
