@@ -519,6 +519,59 @@ TEST(Trainer, ModelCheckpointResumesWhereTheRunStopped) {
   }
 }
 
+// A checkpoint directory the saves cannot write is an error on every rank at
+// train begin, naming the rank and the directory, not after the first epoch.
+// At ZeRO stage 1 every rank writes, so rank 1's bad directory fails rank 0
+// too; at stage 0 only rank 0 writes, so rank 1's is never touched. (Run as
+// root, a mode of 0500 would not stop a write: the directory's parent is a
+// regular file instead.)
+TEST(Trainer, ModelCheckpointRefusesAnUnwritableDirectoryBeforeTheFirstEpoch) {
+  torch::set_num_threads(1);
+  torch::manual_seed(44);
+  const Data data;
+  zt::ZeroNet initial;
+  testing::TempDir dir("kolo-trainer-ckpt-ro");
+  const std::string file = dir.file("a-file");
+  std::ofstream(file) << "not a directory\n";
+  const std::string bad = file + "/ckpt";
+  std::vector<std::string> errors(kWorld);
+  std::vector<int> epochs(kWorld, -1), stage0_epochs(kWorld, -1);
+  run_with_engines(kWorld, [&](int rank, Engine& engine) {
+    TrainerOptions options;
+    options.batch_size = kBatch;
+    options.epochs = 1;
+    {
+      TrainerRun run(initial, engine, options, 1);
+      run.trainer->add(std::make_shared<ModelCheckpoint>(
+          ModelCheckpointOptions{rank == 1 ? bad : dir.file("zero")}));
+      auto counter = std::make_shared<Counter>();
+      run.trainer->add(counter);
+      errors[rank] = testing::error_of([&] { run.trainer->fit(data.set()); });
+      epochs[rank] = counter->epoch_begin;
+    }
+    {
+      TrainerRun run(initial, engine, options, 0);
+      run.trainer->add(std::make_shared<ModelCheckpoint>(
+          ModelCheckpointOptions{rank == 1 ? bad : dir.file("plain")}));
+      auto counter = std::make_shared<Counter>();
+      run.trainer->add(counter);
+      run.trainer->fit(data.set());
+      stage0_epochs[rank] = counter->epoch_end;
+    }
+    ot::finish(engine);
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_NE(errors[r].find("kolo::ModelCheckpoint failed on rank 1"), std::string::npos)
+        << errors[r];
+    EXPECT_NE(errors[r].find("cannot create the checkpoint directory '" + bad + "'"),
+              std::string::npos)
+        << errors[r];
+    EXPECT_EQ(epochs[r], 0) << "rank " << r;
+    EXPECT_EQ(stage0_epochs[r], 1) << "rank " << r;
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir.file("plain") + "/index.kolo"));
+}
+
 TEST(Trainer, LossScalingSkipsAnOverflowOnEveryRankAndCheckpointsTheScale) {
   torch::set_num_threads(1);
   torch::manual_seed(46);

@@ -1,14 +1,17 @@
 // kolo::Trainer and its callbacks (kolo/torch/trainer.h).
 #include "kolo/torch/trainer.h"
 
+#include <fcntl.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -23,6 +26,7 @@
 #include "kolo/torch/elastic.h"
 #include "kolo/torch/metrics.h"
 #include "kolo/torch/parallel_optimizer.h"
+#include "kolo/torch/ps_optimizer.h"
 
 namespace kolo {
 
@@ -504,13 +508,50 @@ void Throughput::on_epoch_end(Trainer& trainer, int64_t, Logs& logs) {
   }
 }
 
+namespace {
+
+// "" when this process can create files in `dir` (created if missing), else
+// why not. The probe file's name holds the rank and the pid, so that ranks
+// sharing the directory (one host, or a shared filesystem) do not collide.
+std::string checkpoint_dir_error(const std::string& dir, int rank) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return "cannot create the checkpoint directory '" + dir + "': " + ec.message();
+  const std::string probe =
+      (std::filesystem::path(dir) /
+       (".kolo-write-test." + std::to_string(rank) + "." + std::to_string(::getpid())))
+          .string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return "cannot create files in the checkpoint directory '" + dir +
+           "': " + std::strerror(errno) +
+           " (give ModelCheckpointOptions::dir a writable directory)";
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return "";
+}
+
+}  // namespace
+
 void ModelCheckpoint::on_train_begin(Trainer& trainer) {
   using Resume = ModelCheckpointOptions::Resume;
+  // A directory the saves cannot write fails here, on every rank, not after
+  // the first epoch. The ranks that write probe it: all at the ZeRO stages,
+  // rank 0 at stage 0; a parameter-server worker writes nothing (its servers
+  // save).
+  ParallelOptimizer& optimizer = trainer.optimizer();
+  const bool writes = dynamic_cast<ps::WorkerOptimizer*>(&optimizer) == nullptr &&
+                      (optimizer.zero_stage() > 0 || optimizer.rank() == 0);
+  agree_on_outcome(writes ? checkpoint_dir_error(options_.dir, optimizer.rank()) : "",
+                   "kolo::ModelCheckpoint", "trainer/checkpoint_dir", trainer.options());
   if (options_.resume == Resume::kNo) return;
   if (options_.resume == Resume::kIfPresent) {
-    // Every rank must take the same branch: rank 0's view of the directory decides.
+    // Every rank must take the same branch: rank 0's view of the directory
+    // decides (an unreadable one counts as absent; loading it would fail).
+    std::error_code ec;
     const bool present =
-        std::filesystem::exists(std::filesystem::path(options_.dir) / "index.kolo");
+        std::filesystem::exists(std::filesystem::path(options_.dir) / "index.kolo", ec) && !ec;
     const double any = metric_average(trainer.rank() == 0 && present ? 1.0 : 0.0,
                                       "trainer/checkpoint_present", trainer.options()) *
                        trainer.world_size();
