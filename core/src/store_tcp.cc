@@ -382,10 +382,11 @@ void store_limits_from(const Config& config, TcpStoreServer::Options& options) {
 
 namespace {
 
-// Extra time a client waits for an answer beyond the request's own timeout
-// before it declares the server unresponsive (the server answers parked
-// requests itself at their deadline).
-constexpr std::chrono::milliseconds kReplyGrace{30000};
+// Extra time a client waits for an answer beyond a blocking request's own
+// timeout before it declares the server unresponsive (the server answers
+// parked requests itself at their deadline, so this covers only its latency),
+// and the least time it waits for any answer.
+constexpr std::chrono::milliseconds kReplyGrace{5000};
 
 class TcpStore : public Store {
  public:
@@ -508,8 +509,12 @@ class TcpStore : public Store {
       bool answered = false;  // any byte of the reply arrived
       std::string body;
       try {
-        auto deadline = Clock::now() + std::max(timeout, std::chrono::milliseconds(0)) +
-                        std::max(connect_timeout_, kReplyGrace);
+        // A silent server fails the request at its own timeout (get, wait)
+        // plus the grace, or at the store's timeout (set, add, check, erase):
+        // the timeouts kolo was given, not a multiple of them.
+        const auto deadline =
+            Clock::now() +
+            (timeout.count() > 0 ? timeout + kReplyGrace : std::max(connect_timeout_, kReplyGrace));
         send_all(link.fd, sp::seal(secret_, 'Q', link.nonce, link.requests, request.body()), what);
         body = read_reply(link, deadline, what, answered);
       } catch (const TimeoutError&) {

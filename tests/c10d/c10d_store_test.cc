@@ -221,11 +221,14 @@ TEST(C10dStore, WaitTimesOutNamingTheMissingKeys) {
   }
 }
 
-// A TCP server that is not a c10d store: it accepts one connection, then
-// either sends `reply` over and over or (empty) reads and never answers.
+// A TCP server that is not a c10d store: it accepts connections, then
+// either sends `reply` over and over, or (empty) reads and never answers, or
+// (close_on_request) closes each connection once a request arrived, as
+// kolo's own store does with a frame it cannot authenticate.
 class FakeStoreServer {
  public:
-  explicit FakeStoreServer(std::string reply) : reply_(std::move(reply)) {
+  explicit FakeStoreServer(std::string reply, bool close_on_request = false)
+      : reply_(std::move(reply)), close_on_request_(close_on_request) {
     listener_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in address{};
     address.sin_family = AF_INET;
@@ -252,9 +255,14 @@ class FakeStoreServer {
     while (!stop_) {
       const int client = accept(listener_, nullptr, nullptr);
       if (client < 0) break;
+      char buffer[4096];
+      if (close_on_request_) {
+        (void)!recv(client, buffer, sizeof buffer, 0);
+        close(client);
+        continue;
+      }
       clients.push_back(client);
       if (reply_.empty()) continue;  // holds the connection, answers nothing
-      char buffer[4096];
       timeval short_wait{0, 100000};
       setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &short_wait, sizeof short_wait);
       for (int i = 0; i < 50 && !stop_; ++i) {
@@ -266,6 +274,7 @@ class FakeStoreServer {
   }
 
   std::string reply_;
+  bool close_on_request_ = false;
   int listener_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};
@@ -310,6 +319,24 @@ TEST(C10dStore, AServerThatIsNotAStoreFailsWithinTheTimeout) {
         store->add("counter", 1);
       },
       seconds(20), "silent");
+}
+
+// KOLO_STORE=c10d pointed at a store of another protocol (kolorun's own,
+// which closes a connection whose frames it cannot authenticate): the error
+// says what the server probably is and what to do, not only "Connection
+// reset by peer".
+TEST(C10dStore, AServerThatClosesOnARequestIsNamedAsAnotherProtocol) {
+  FakeStoreServer closing("", /*close_on_request=*/true);
+  std::string message;
+  try {
+    auto store = connect_c10d_store("127.0.0.1", closing.port(), seconds(2));
+    store->add("counter", 1);
+    ADD_FAILURE() << "a server that closes every connection answered";
+  } catch (const RuntimeFault& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("is it a c10d TCPStore"), std::string::npos) << message;
+  EXPECT_NE(message.find("leave KOLO_STORE unset"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -1,10 +1,15 @@
 // TcpStoreServer + connect_tcp_store: several clients in threads, blocking gets
 // released by sets, atomic add under contention, timeouts, a vanished server.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <set>
 #include <string>
@@ -182,6 +187,43 @@ TEST(TcpStore, ServerGoneIsRuntimeFaultNamingAddress) {
   }
   // Later calls cannot reconnect either.
   EXPECT_THROW(store->set("b", bytes_of("2")), RuntimeFault);
+}
+
+// A server that accepts connections and never answers (a hung process, the
+// wrong service on the port): each request fails with a TimeoutError at the
+// timeout it was given, a blocking get at its own timeout plus the 5 s grace
+// and a set at the store's timeout (at least the grace), not at twice the
+// timeout nor after a fixed 30 s.
+TEST(TcpStore, ASilentServerFailsEachRequestAtItsTimeout) {
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(listener, 8), 0);  // the kernel completes connections; nobody reads them
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const int port = ntohs(address.sin_port);
+  const milliseconds timeout(7000);
+  auto store = connect_tcp_store("127.0.0.1", port, timeout);
+  const auto seconds_of = [](const std::function<void()>& call) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      call();
+      ADD_FAILURE() << "a silent server answered";
+    } catch (const TimeoutError& e) {
+      EXPECT_NE(std::string(e.what()).find("did not answer"), std::string::npos) << e.what();
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  const double set = seconds_of([&] { store->set("a", bytes_of("1")); });
+  EXPECT_GE(set, 6.5);
+  EXPECT_LT(set, 10.0);  // 7 s; it was 30 s
+  const double get = seconds_of([&] { store->get("a", milliseconds(1000)); });
+  EXPECT_GE(get, 5.5);
+  EXPECT_LT(get, 9.0);  // 1 + 5 s; it was 1 + 30 s
+  close(listener);
 }
 
 TEST(TcpStore, ConnectRetriesThenFailsNamingAddress) {

@@ -2,6 +2,7 @@
 #include "kolo/torch/c10d_store.h"
 
 #include <algorithm>
+#include <cctype>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -23,10 +24,31 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
+// How long past its timeout a connection may take before kolo reports the
+// server silent (see C10dStore's constructor).
+constexpr milliseconds kConnectGrace{5000};
+
 // c10::Error's what() carries a C++ backtrace after its first line.
 std::string first_line(const std::exception& e) {
   const std::string text = e.what();
   return text.substr(0, text.find('\n'));
+}
+
+// What to add to libtorch's message when the server closed the connection
+// on a c10d request: the usual cause is a server of another protocol, such as
+// kolorun's own store, whose authenticated frames a c10d client cannot speak.
+// (libtorch 1.13 says "Connection reset by peer", 2.x "Connection closed by
+// peer" or "Remote peer closed the connection".)
+std::string closed_hint(std::string message) {
+  std::transform(message.begin(), message.end(), message.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const bool closed = message.find("reset by peer") != std::string::npos ||
+                      message.find("broken pipe") != std::string::npos ||
+                      message.find("closed") != std::string::npos;
+  if (!closed) return "";
+  return "; the server closed the connection on a c10d request: is it a c10d TCPStore "
+         "(torchrun's agent store at MASTER_ADDR:MASTER_PORT)? Under kolorun, which serves "
+         "kolo's own store, leave KOLO_STORE unset";
 }
 
 // Runs the client's calls one at a time on a thread of its own, each bounded
@@ -129,16 +151,20 @@ class C10dStore : public Store {
     options.timeout = timeout;
     auto client = std::make_shared<std::unique_ptr<c10d::TCPStore>>();
     try {
-      // libtorch retries the connection within `timeout`; the ping after
-      // it may block: bounded by a second timeout.
+      // libtorch retries the connection within `timeout` and reports a
+      // server that is not there; the ping after it may block (a server
+      // that never answers): the whole is bounded by the timeout plus a
+      // grace that lets libtorch's own connect error come first.
       calls_.run(
           [host, options, client] { *client = std::make_unique<c10d::TCPStore>(host, options); },
-          2 * timeout, "the connection's first ping", address_);
+          timeout + kConnectGrace, "the connection's first ping", address_);
     } catch (const TimeoutError&) {
       throw;
     } catch (const std::exception& e) {
+      const std::string message = first_line(e);
       throw RuntimeFault("kolo: cannot reach the c10d store at " + address_ + " within " +
-                         std::to_string(timeout.count()) + " ms: " + first_line(e));
+                         std::to_string(timeout.count()) + " ms: " + message +
+                         closed_hint(message));
     }
     client_ = std::move(client);
   }
@@ -204,8 +230,9 @@ class C10dStore : public Store {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
+      const std::string message = first_line(e);
       throw RuntimeFault("kolo: the c10d store at " + address_ + " failed in " + what + ": " +
-                         first_line(e));
+                         message + closed_hint(message));
     }
     return std::move(**result);
   }
