@@ -35,9 +35,20 @@ JobPlan plan_job(const LaunchOptions& options, const PlanContext& context) {
   }
 
   bool any_local = false;
+  long local = 0;
   for (const auto& p : plan.placements) {
     plan.any_remote = plan.any_remote || !p.local;
     any_local = any_local || p.local;
+    local += p.local ? 1 : 0;
+  }
+  // kolorun itself is one more process; the workers' threads count too, so
+  // this catches only what can never start, before any worker is spawned.
+  if (context.process_limit > 0 && local + 1 > context.process_limit) {
+    throw UsageError(std::to_string(local) + " workers on this host (-np " +
+                     std::to_string(plan.placements.size()) + "), but it runs at most " +
+                     std::to_string(context.process_limit) +
+                     " processes at once (the least of kernel.pid_max, kernel.threads-max and "
+                     "ulimit -u): start fewer workers per host, or spread them with -H");
   }
   if (plan.any_remote && options.backend == "shm") {
     throw UsageError("--backend shm works within one host, but -H " + options.hosts +

@@ -30,11 +30,14 @@ struct PlanContext {
   // The address of this host that workers on the given remote hosts reach
   // (kolo::reachable_address in kolorun); null = the host name.
   std::function<std::string(const std::vector<std::string>& remote_hosts)> reachable_address;
+  // The most processes this host runs at once (host_process_limit()); 0 =
+  // unknown, not checked.
+  long process_limit = 0;
 };
 
 // Validates everything that can be checked before spawning: the host list,
-// -np against the slots, the backend against the build, and that the program
-// (and ssh, for remote hosts) can be executed. Throws UsageError (one line).
+// -np against the slots and this host's process limit, the backend against the build, and that the
+// program (and ssh, for remote hosts) can be executed. Throws UsageError (one line).
 JobPlan plan_job(const LaunchOptions& options, const PlanContext& context);
 
 // How rank `placement.rank` is started. Local: the program with the parent

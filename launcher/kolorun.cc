@@ -266,6 +266,7 @@ int launch(const LaunchOptions& options) {
   context.reachable_address = [&](const std::vector<std::string>& remote_hosts) {
     return reachable_address(context.hostname, remote_hosts);
   };
+  context.process_limit = host_process_limit();
   JobPlan plan = plan_job(options, context);  // UsageError: nothing spawned yet
   if (options.backend == "mpi") return exec_mpirun(options, plan);
 

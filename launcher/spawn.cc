@@ -7,12 +7,14 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <fstream>
 #include <system_error>
 
 namespace kolo::launcher {
@@ -242,6 +244,22 @@ bool reap_group_leader(pid_t pid, bool kill_group, int* status) {
     got = waitpid(pid, status, 0);
   } while (got < 0 && errno == EINTR);
   return got == pid;
+}
+
+long host_process_limit() {
+  long limit = 0;
+  const auto lower = [&limit](long value) {
+    if (value > 0 && (limit == 0 || value < limit)) limit = value;
+  };
+  for (const char* file : {"/proc/sys/kernel/pid_max", "/proc/sys/kernel/threads-max"}) {
+    long value = 0;
+    if (std::ifstream(file) >> value) lower(value);
+  }
+  rlimit nproc{};
+  if (getrlimit(RLIMIT_NPROC, &nproc) == 0 && nproc.rlim_cur != RLIM_INFINITY) {
+    lower(static_cast<long>(nproc.rlim_cur));
+  }
+  return limit;
 }
 
 }  // namespace kolo::launcher

@@ -63,6 +63,11 @@ std::string find_executable(const std::string& program, const std::string& path_
 // what to do about it.
 std::string why_not_executable(const std::string& program);
 
+// The most processes this host lets kolorun's user run at once: the least of
+// kernel.pid_max, kernel.threads-max and the soft RLIMIT_NPROC (ulimit -u);
+// 0 when none of them can be read. Every local worker is at least one.
+long host_process_limit();
+
 // Reaps the exited group leader `pid` (waitpid, retried on EINTR). With
 // `kill_group`, first SIGKILLs what it left in its process group: while the
 // leader is an unreaped zombie its group id cannot be reused, so the group is

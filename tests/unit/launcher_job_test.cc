@@ -9,6 +9,7 @@
 #include "job.h"
 #include "mpi_launch.h"
 #include "options.h"
+#include "spawn.h"
 #include "usage_error.h"
 
 namespace kolo::launcher {
@@ -63,6 +64,27 @@ TEST(LauncherJob, RemoteHostsBindTheStoreToEveryInterface) {
       plan_job(options_for({"-H", "node2:2", "--store-addr", "10.1.1.1", "./x"}), context());
   EXPECT_EQ(chosen.store_addr, "10.1.1.1");
   EXPECT_TRUE(chosen.program_path.empty());  // not checked: no rank runs here
+}
+
+// More local workers than the host can run at once (its pid limit, thread
+// limit or ulimit -u) are refused before any is spawned, naming the limit;
+// workers placed on other hosts do not count against this one.
+TEST(LauncherJob, RefusesMoreLocalWorkersThanTheHostRuns) {
+  PlanContext c = context();
+  c.process_limit = 4;
+  std::string error;
+  try {
+    plan_job(options_for({"-np", "4", "sh"}), c);
+  } catch (const UsageError& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("4 workers on this host (-np 4), but it runs at most 4 processes"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("ulimit -u"), std::string::npos) << error;
+  EXPECT_EQ(plan_job(options_for({"-np", "3", "sh"}), c).placements.size(), 3u);
+  EXPECT_EQ(plan_job(options_for({"-H", "me:2,node2:8", "sh"}), c).placements.size(), 10u);
+  EXPECT_GT(host_process_limit(), 0);  // Linux has kernel.pid_max
 }
 
 TEST(LauncherJob, ChecksBeforeSpawning) {
