@@ -540,6 +540,23 @@ struct ElasticDriver::Impl {
                               " s (failure " + std::to_string(cooldown.failures(w.host)) + ")";
     if (!was_member) {
       log(describe(w) + " " + describe_status(status) + " before joining; " + aside);
+      // Before the first round, when every worker started so far failed
+      // before joining (a program that cannot start: a missing module, a
+      // crash at import), the job fails once their count passes the
+      // restart budget instead of restarting them until --elastic-timeout.
+      // A host whose workers fail beside workers that start is only set
+      // aside (above).
+      const bool all_failed = std::all_of(workers.begin(), workers.end(), [](const Worker& x) {
+        return x.phase == Phase::kExited && !x.member_when_exited;
+      });
+      if (round == 0 && all_failed && static_cast<int>(workers.size()) > options.max_restarts) {
+        stop(exit_code_of(status),
+             "kolorun: elastic: every worker failed before joining (" +
+                 plural(static_cast<int>(workers.size()), "start") + ", more than --max-restarts " +
+                 std::to_string(options.max_restarts) + "), the last: " + describe(w) + " " +
+                 describe_status(status) +
+                 "; the program fails before kolo's rendezvous (see its output above)");
+      }
       return;
     }
     ++restarts;

@@ -348,6 +348,25 @@ TEST(Elastic, AHostWhoseWorkersKeepFailingIsSetAsideWithAGrowingCooldown) {
   expect_matches_reference(r);
 }
 
+// A program that fails before it reaches the rendezvous, on every host: the
+// job fails once more workers than --max-restarts failed with none joined,
+// with the last one's status, not after --elastic-timeout (600 s here).
+TEST(Elastic, EveryWorkerFailingBeforeJoiningFailsTheJobAtOnce) {
+  const auto start = std::chrono::steady_clock::now();
+  RunResult r = run_kolorun({"-np", "2", "--min-np", "2", "--max-restarts", "2", "--cooldown",
+                             "0.05", "--elastic-timeout", "600", "sh", "-c", "exit 3"},
+                            seconds(60));
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  const auto lines = r.err_lines();
+  ASSERT_FALSE(lines.empty());
+  // 3 or 4 starts: both slots restart together after their cooldown.
+  EXPECT_TRUE(contains(lines.back(), "every worker failed before joining (")) << lines.back();
+  EXPECT_TRUE(contains(lines.back(), " starts, more than --max-restarts 2)")) << lines.back();
+  EXPECT_TRUE(contains(lines.back(), "exited with code 3")) << lines.back();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(30));
+}
+
 // kolorun escalates in elastic mode too: worker 2 ignores SIGTERM, stops
 // itself and never joins; round 1 forms with the other two after
 // --elastic-timeout, they finish, and kolorun SIGKILLs worker 2 after --grace
