@@ -32,10 +32,13 @@ namespace {
 // `comm` with its point-to-point waits watched for stalls (the settings of
 // the engine's stall checks: KOLO_STALL_WARNING_SECONDS and
 // KOLO_STALL_SHUTDOWN_SECONDS; comm/watched_communicator.h says why).
-std::unique_ptr<Communicator> watched(std::unique_ptr<Communicator> comm, const Config& config) {
+// `world_ranks`: a group's members (its warnings name them); empty = the world.
+std::unique_ptr<Communicator> watched(std::unique_ptr<Communicator> comm, const Config& config,
+                                      std::vector<int> world_ranks = {}) {
   detail::P2PWatch::Options options;
   options.warning_seconds = config.get_double("KOLO_STALL_WARNING_SECONDS");
   options.shutdown_seconds = config.get_double("KOLO_STALL_SHUTDOWN_SECONDS");
+  options.world_ranks = std::move(world_ranks);
   const int rank = comm->rank();
   return std::make_unique<detail::WatchedCommunicator>(std::move(comm), options,
                                                        detail::Logger::from_config(config, rank));
@@ -519,7 +522,7 @@ std::unique_ptr<Communicator> Runtime::group_communicator(const std::vector<int>
   return watched(
       make_communicator(backend_, group_options(world_options_, ranks, topology_.rank,
                                                 world_options_.prefix + "/" + name, what)),
-      config_);
+      config_, ranks);
 }
 
 // ---- process-wide default runtime ----

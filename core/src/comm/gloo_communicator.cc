@@ -535,11 +535,15 @@ std::string join_ranks(const std::vector<int>& ranks) {
 // What a rank that gave up writes to the store before closing its connections.
 struct FaultReport {
   bool timed_out = false;
+  // The reporter gave up on the blamed ranks by its own decision
+  // (Communicator::abort: a stall check, the user), not because it saw them
+  // fail: a blamed rank that is alive carries this reason too.
+  bool aborted = false;
   std::vector<int> ranks;  // blamed ranks
   std::string text;        // the reporter's message
 
   std::string encode() const {
-    std::string line = timed_out ? "T" : "F";
+    std::string line = timed_out ? "T" : aborted ? "A" : "F";
     for (int rank : ranks) line += " " + std::to_string(rank);
     return line + "\n" + text;
   }
@@ -548,8 +552,9 @@ struct FaultReport {
     const size_t newline = value.find('\n');
     std::istringstream head(value.substr(0, newline));
     std::string kind;
-    if (!(head >> kind) || (kind != "T" && kind != "F")) return std::nullopt;
+    if (!(head >> kind) || (kind != "T" && kind != "F" && kind != "A")) return std::nullopt;
     report.timed_out = kind == "T";
+    report.aborted = kind == "A";
     int rank = 0;
     while (head >> rank) report.ranks.push_back(rank);
     if (newline != std::string::npos) report.text = value.substr(newline + 1);
@@ -809,6 +814,7 @@ class GlooCommunicator : public Communicator {
   bool abort(const std::string& reason, const std::vector<int>& ranks) override {
     if (!monitor_) return false;  // a world of one never waits
     FaultReport report;
+    report.aborted = true;
     report.text = ranks.empty() ? "rank " + std::to_string(rank_) + " aborted: " + reason : reason;
     report.ranks = ranks;
     // A wait in progress ends; its thread tells the peers (handle_fault).
@@ -1151,6 +1157,7 @@ class GlooCommunicator : public Communicator {
     std::string message = std::string("kolo gloo ") + op + " (rank " + std::to_string(rank_) +
                           " of " + std::to_string(size_) + "): ";
     FaultReport aborted;
+    aborted.aborted = true;
     if (monitor_->aborted(&aborted.text, &aborted.ranks)) {
       // Communicator::abort: this rank gives up on the ranks it names. The
       // report lets peers that see the connections close name them too.
@@ -1234,8 +1241,10 @@ class GlooCommunicator : public Communicator {
   }
 
   // The first report of one of `peers` that does not blame this rank (this
-  // rank is alive: the peer saw its connections go), with its author,
-  // waiting up to kReportWait for one.
+  // rank is alive: the peer saw its connections go), or that blames it by
+  // the peer's own decision (an abort: a stall check gave up waiting for
+  // this rank, whose reason is the true one), with its author, waiting up to
+  // kReportWait for one.
   std::optional<std::pair<int, FaultReport>> read_report(const std::vector<int>& peers) {
     const auto until = Clock::now() + kReportWait;
     try {
@@ -1245,8 +1254,8 @@ class GlooCommunicator : public Communicator {
           const std::string key = prefix_ + "fault/" + std::to_string(peer);
           if (!store_->check({key})) continue;
           auto report = FaultReport::decode(to_string(store_->get(key, kReportWait)));
-          if (report &&
-              std::find(report->ranks.begin(), report->ranks.end(), rank_) == report->ranks.end()) {
+          if (report && (report->aborted || std::find(report->ranks.begin(), report->ranks.end(),
+                                                      rank_) == report->ranks.end())) {
             return std::make_pair(peer, *report);
           }
         }

@@ -12,8 +12,14 @@ namespace {
 // The inner transfer, with its wait() registered in the watch.
 class WatchedP2POp final : public P2POp {
  public:
-  WatchedP2POp(P2PHandle inner, std::shared_ptr<P2PWatch> watch, P2PKind kind, int peer, int tag)
-      : inner_(std::move(inner)), watch_(std::move(watch)), kind_(kind), peer_(peer), tag_(tag) {}
+  WatchedP2POp(P2PHandle inner, std::shared_ptr<P2PWatch> watch, P2PKind kind, int peer,
+               const P2POptions& options)
+      : inner_(std::move(inner)),
+        watch_(std::move(watch)),
+        kind_(kind),
+        peer_(peer),
+        tag_(options.tag),
+        timeout_(options.timeout) {}
 
   bool test() override { return inner_.test(); }
   void wait() override {
@@ -21,7 +27,7 @@ class WatchedP2POp final : public P2POp {
       P2PWatch& watch;
       uint64_t id;
       ~Leave() { watch.leave(id); }
-    } leave{*watch_, watch_->enter(kind_, peer_, tag_)};
+    } leave{*watch_, watch_->enter(kind_, peer_, tag_, timeout_)};
     inner_.wait();
   }
 
@@ -31,6 +37,7 @@ class WatchedP2POp final : public P2POp {
   P2PKind kind_;
   int peer_;
   int tag_;
+  std::chrono::milliseconds timeout_;
 };
 
 }  // namespace
@@ -44,13 +51,13 @@ WatchedCommunicator::~WatchedCommunicator() { watch_->detach(); }
 P2PHandle WatchedCommunicator::isend(const void* data, size_t count, DType dtype, int peer,
                                      const P2POptions& options) {
   return P2PHandle(std::make_shared<WatchedP2POp>(inner_->isend(data, count, dtype, peer, options),
-                                                  watch_, P2PKind::kSend, peer, options.tag));
+                                                  watch_, P2PKind::kSend, peer, options));
 }
 
 P2PHandle WatchedCommunicator::irecv(void* data, size_t count, DType dtype, int peer,
                                      const P2POptions& options) {
   return P2PHandle(std::make_shared<WatchedP2POp>(inner_->irecv(data, count, dtype, peer, options),
-                                                  watch_, P2PKind::kRecv, peer, options.tag));
+                                                  watch_, P2PKind::kRecv, peer, options));
 }
 
 }  // namespace kolo::detail

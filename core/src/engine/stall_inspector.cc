@@ -210,13 +210,23 @@ P2PWatch::P2PWatch(Communicator* comm, Options options, Logger logger)
       rank_(comm->rank()),
       thread_(mutex_, warning_, [this](Clock::time_point now) { check(now); }) {}
 
-uint64_t P2PWatch::enter(P2PKind kind, int peer, int tag) {
+std::string P2PWatch::name_of(int rank) const {
+  std::string name = "rank " + std::to_string(rank);
+  if (rank >= 0 && rank < static_cast<int>(options_.world_ranks.size())) {
+    name += " (world rank " + std::to_string(options_.world_ranks[rank]) + ")";
+  }
+  return name;
+}
+
+uint64_t P2PWatch::enter(P2PKind kind, int peer, int tag, std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(mutex_);
   Wait wait;
   wait.kind = kind;
   wait.peer = peer;
   wait.tag = tag;
   wait.since = Clock::now();
+  const Clock::duration period = options_.shutdown_seconds > 0 ? shutdown_ : warning_;
+  wait.exempt = timeout.count() > 0 && timeout > period;
   waits_.emplace(next_id_, wait);
   return next_id_++;
 }
@@ -235,12 +245,15 @@ void P2PWatch::check(Clock::time_point now) {
   if (aborted_) return;
   for (auto& [id, wait] : waits_) {
     const auto waited = now - wait.since;
-    if (waited < warning_) continue;
+    if (wait.exempt || waited < warning_) continue;
     const double waited_s = std::chrono::duration<double>(waited).count();
-    const std::string what =
-        "rank " + std::to_string(rank_) + " has waited " + format_seconds(waited_s) + " s in " +
-        p2p_what(wait.kind, wait.peer, wait.tag) + ": rank " + std::to_string(wait.peer) +
-        " has not posted the matching " + (wait.kind == P2PKind::kSend ? "recv" : "send");
+    const std::string transfer =
+        std::string(wait.kind == P2PKind::kSend ? "send to " : "recv from ") + name_of(wait.peer) +
+        " (tag " + std::to_string(wait.tag) + ")";
+    const std::string what = name_of(rank_) + " has waited " + format_seconds(waited_s) + " s in " +
+                             transfer + ": " + name_of(wait.peer) +
+                             " has not posted the matching " +
+                             (wait.kind == P2PKind::kSend ? "recv" : "send");
     const std::string hint =
         " (it runs another plan: a different schedule, step count or tag; it is stuck, waiting "
         "for this rank itself, or slow)";

@@ -178,13 +178,23 @@ class NegotiationWatch {
 //    blaming the peer: the wait throws RuntimeFault naming it, the peer's
 //    transfers with this rank fail at once, and the communicator is unusable
 //    (as after a TimeoutError). 0 = warnings only (the transfer's timeout,
-//    KOLO_TIMEOUT_SECONDS, still applies).
+//    KOLO_TIMEOUT_SECONDS, still applies);
+//  - a transfer given its own timeout (P2POptions::timeout) longer than the
+//    shutdown period (the warning period when there is none) is left to that
+//    timeout, neither warned about nor aborted: its caller said it may wait
+//    that long (a parameter server waiting up to PsOptions::idle_timeout for
+//    a worker's next request);
+//  - ranks are named as the communicator's, with their world rank beside
+//    them when the communicator is a group ("rank 1 (world rank 3)").
 class P2PWatch {
  public:
   using Clock = std::chrono::steady_clock;
   struct Options {
     double warning_seconds = 30;
     double shutdown_seconds = 300;  // 0 = never abort
+    // The world rank of each of the communicator's ranks; empty = the
+    // communicator is the world.
+    std::vector<int> world_ranks;
   };
 
   P2PWatch(Communicator* comm, Options options, Logger logger);
@@ -194,7 +204,8 @@ class P2PWatch {
   // Around one wait of a transfer with `peer` (a rank of the communicator);
   // thread-safe, cheap (a lock and a clock read). enter() returns the id
   // that leave() takes.
-  uint64_t enter(P2PKind kind, int peer, int tag);
+  // `timeout`: the transfer's own (P2POptions::timeout; 0 = the default).
+  uint64_t enter(P2PKind kind, int peer, int tag, std::chrono::milliseconds timeout);
   void leave(uint64_t id);
   // The communicator is going away: no more aborts (a handle may outlive it).
   void detach();
@@ -207,7 +218,10 @@ class P2PWatch {
     Clock::time_point since{};
     Clock::time_point last_warning{};
     bool warned = false;
+    bool exempt = false;  // its own timeout is longer than the watch's period
   };
+  // "rank 1", or "rank 1 (world rank 3)" on a group.
+  std::string name_of(int rank) const;
   // Under mutex_: warns and aborts when due.
   void check(Clock::time_point now);
 
