@@ -81,15 +81,32 @@ OutputRouter::~OutputRouter() {
 }
 
 void OutputRouter::feed(int rank, Stream stream, const char* data, size_t size) {
-  std::string& partial = ranks_[static_cast<size_t>(rank)].partial[static_cast<int>(stream)];
+  RankState& state = ranks_[static_cast<size_t>(rank)];
+  std::string& partial = state.partial[static_cast<int>(stream)];
+  bool& after_cr = state.after_cr[static_cast<int>(stream)];
   size_t start = 0;
   for (size_t i = 0; i < size; ++i) {
-    if (data[i] != '\n') continue;
+    if (data[i] != '\n' && data[i] != '\r') continue;
     partial.append(data + start, i - start);
-    emit(rank, stream, partial);
-    partial.clear();
     start = i + 1;
+    if (data[i] == '\r') {
+      // "\r\n" in one read stays one line end; a '\r' that ends the read
+      // is a segment end, and a '\n' right after it then only ends the line.
+      if (i + 1 < size && data[i + 1] == '\n') continue;
+      emit(rank, stream, partial, "\r");
+      partial.clear();
+      after_cr = true;
+      continue;
+    }
+    if (after_cr && partial.empty()) {
+      write_raw(stream, rank, "\n");
+    } else {
+      emit(rank, stream, partial);
+    }
+    partial.clear();
+    after_cr = false;
   }
+  if (start < size) after_cr = false;
   partial.append(data + start, size - start);
   while (partial.size() >= kMaxLineBytes) {
     emit(rank, stream, partial.substr(0, kMaxLineBytes));
@@ -104,12 +121,19 @@ void OutputRouter::flush(int rank, Stream stream) {
   partial.clear();
 }
 
-void OutputRouter::emit(int rank, Stream stream, const std::string& line) {
+void OutputRouter::write_raw(Stream stream, int rank, const std::string& text) {
+  auto& state = ranks_[static_cast<size_t>(rank)];
+  if (state.log_fd >= 0) (void)write_all(state.log_fd, text);
+  if (options_.mode == OutputMode::kRank0Only && rank != 0) return;
+  (void)write_all(stream == Stream::kStdout ? options_.stdout_fd : options_.stderr_fd, text);
+}
+
+void OutputRouter::emit(int rank, Stream stream, const std::string& line, const char* end) {
   auto& state = ranks_[static_cast<size_t>(rank)];
   state.last.push_back({stream, line});
   while (state.last.size() > options_.keep_lines) state.last.pop_front();
   if (state.log_fd >= 0) {
-    const int error = write_all(state.log_fd, line + "\n");
+    const int error = write_all(state.log_fd, line + end);
     if (error != 0) {
       // A full disk or a file-size limit: say so at once, and once more in
       // kolorun's last line (log_failures()); the job itself goes on.
@@ -125,13 +149,13 @@ void OutputRouter::emit(int rank, Stream stream, const std::string& line) {
   int fd = stream == Stream::kStdout ? options_.stdout_fd : options_.stderr_fd;
   switch (options_.mode) {
     case OutputMode::kPlain:
-      (void)write_all(fd, line + "\n");  // a closed terminal must not stop the job
+      (void)write_all(fd, line + end);  // a closed terminal must not stop the job
       break;
     case OutputMode::kTag:
-      (void)write_all(fd, output_tag(rank, stream) + line + "\n");
+      (void)write_all(fd, output_tag(rank, stream) + line + end);
       break;
     case OutputMode::kRank0Only:
-      if (rank == 0) (void)write_all(fd, line + "\n");
+      if (rank == 0) (void)write_all(fd, line + end);
       break;
   }
 }

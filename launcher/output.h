@@ -37,7 +37,10 @@ class OutputRouter {
 
   // Bytes read from a rank's stream. Complete lines are written out at once;
   // a partial line waits for its end (or for flush()). Lines longer than 64 KiB
-  // are written in pieces.
+  // are written in pieces. A carriage return ends a segment too (a progress
+  // bar redrawing its line): the segment is written at once, tagged like a
+  // line and ending in '\r' instead of '\n', and is the rank's last line
+  // until the next; "\r\n" is one line end.
   void feed(int rank, Stream stream, const char* data, size_t size);
   // Writes out a pending partial line (with a newline added): the stream ended.
   void flush(int rank, Stream stream);
@@ -60,12 +63,16 @@ class OutputRouter {
   };
   struct RankState {
     std::string partial[2];
+    bool after_cr[2] = {false, false};  // the last byte written of the stream was a '\r' end
     std::deque<Line> last;
     int log_fd = -1;
     std::string log_path;
     std::string log_error;  // why writing the log file failed ("" = it did not)
   };
-  void emit(int rank, Stream stream, const std::string& line);
+  // One line or segment, written with `end` ("\n" or "\r") after it.
+  void emit(int rank, Stream stream, const std::string& line, const char* end = "\n");
+  // `text` as it is, untagged and not remembered: the '\n' after a '\r' end.
+  void write_raw(Stream stream, int rank, const std::string& text);
 
   Options options_;
   std::vector<RankState> ranks_;

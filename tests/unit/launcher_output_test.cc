@@ -74,6 +74,31 @@ TEST(LauncherOutput, TaggedLinesAreWholeEvenWhenFedInPieces) {
   EXPECT_EQ(f.err.text(), "[1,1]<stderr>:oops\n");
 }
 
+// A progress bar redrawing its line with '\r' is passed through as it comes
+// (tagged like a line, ending in '\r'), not held back until a newline; its
+// last segment is the rank's last line; "\r\n" is one line end, also split
+// across reads.
+TEST(LauncherOutput, CarriageReturnSegmentsPassThroughAtOnce) {
+  Fixture f;
+  OutputRouter router(f.options(OutputMode::kTag), 2);
+  feed(router, 1, Stream::kStdout, "epoch 1: 10%\r");
+  EXPECT_EQ(f.out.text(), "[1,1]<stdout>:epoch 1: 10%\r");
+  feed(router, 1, Stream::kStdout, "epoch 1: 20%\repoch 1: 3");
+  EXPECT_EQ(router.last_line(1), "epoch 1: 20%");
+  feed(router, 1, Stream::kStdout, "0%\r");
+  feed(router, 1, Stream::kStdout, "\ndone\r\n");
+  EXPECT_EQ(f.out.text(),
+            "[1,1]<stdout>:epoch 1: 10%\r[1,1]<stdout>:epoch 1: 20%\r[1,1]<stdout>:epoch 1: 30%\r"
+            "\n[1,1]<stdout>:done\n");
+  EXPECT_EQ(router.last_line(1), "done");
+
+  Fixture plain;
+  OutputRouter untagged(plain.options(OutputMode::kPlain), 1);
+  feed(untagged, 0, Stream::kStderr, "50%\r100%\r");
+  feed(untagged, 0, Stream::kStderr, "\n");
+  EXPECT_EQ(plain.err.text(), "50%\r100%\r\n");  // the bytes the program wrote
+}
+
 TEST(LauncherOutput, PlainModeKeepsLinesUntagged) {
   Fixture f;
   OutputRouter router(f.options(OutputMode::kPlain), 2);
