@@ -62,9 +62,10 @@ std::vector<std::string> mpirun_command(const LaunchOptions& options,
     if (np == 0) {
       for (const auto& host : hosts) np += host.slots;
     }
-    int threads = std::max(1, local_cores / std::max(1, np));
+    const std::string threads = chosen_thread_count(parent).value_or(
+        std::to_string(std::max(1, local_cores / std::max(1, np))));
     for (const auto& name : thread_variables()) {
-      if (!parent(name)) exported.push_back(name + "=" + std::to_string(threads));
+      if (!parent(name)) exported.push_back(name + "=" + threads);
     }
   }
   // mpirun copies its whole environment to local ranks but only -x names to

@@ -3,6 +3,8 @@
 
 #include <cctype>
 #include <cmath>
+#include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -40,15 +42,22 @@ std::string remote_script(const RemoteWorker& worker) {
   // The watcher reads the original stdin through fd 3: an asynchronous list's
   // own stdin is /dev/null in a non-interactive shell.
   s << "exec 3<&0 && ";
-  std::set<std::string> given;
-  for (const auto& [name, value] : worker.variables) given.insert(name);
+  std::map<std::string, std::string> given;
+  for (const auto& [name, value] : worker.variables) given.emplace(name, value);
   bool remote_threads = false;
   if (worker.threads_divisor > 0) {
     for (const auto& name : thread_variables()) {
       if (given.count(name) == 0) remote_threads = true;
     }
   }
-  if (remote_threads) {
+  // A thread count the user gave (-x) wins over the remote host's share.
+  const std::optional<std::string> chosen =
+      chosen_thread_count([&given](const std::string& name) -> std::optional<std::string> {
+        const auto it = given.find(name);
+        if (it == given.end()) return std::nullopt;
+        return it->second;
+      });
+  if (remote_threads && !chosen) {
     s << "kolo_threads=$(( $(nproc 2>/dev/null || echo 1) / " << worker.threads_divisor
       << " )); [ \"$kolo_threads\" -ge 1 ] || kolo_threads=1; ";
   }
@@ -56,7 +65,8 @@ std::string remote_script(const RemoteWorker& worker) {
   for (const auto& [name, value] : worker.variables) s << " " << shell_quote(name + "=" + value);
   if (remote_threads) {
     for (const auto& name : thread_variables()) {
-      if (given.count(name) == 0) s << " " << name << "=$kolo_threads";
+      if (given.count(name) != 0) continue;
+      s << " " << (chosen ? shell_quote(name + "=" + *chosen) : name + "=$kolo_threads");
     }
   }
   s << " " << shell_quote(worker.program);

@@ -130,12 +130,20 @@ std::vector<EnvVar> kolo_variables(const Placement& placement, const JobInfo& jo
   return vars;
 }
 
+std::optional<std::string> chosen_thread_count(const ParentEnv& lookup) {
+  for (const auto& name : thread_variables()) {
+    if (auto value = lookup(name)) return value;
+  }
+  return std::nullopt;
+}
+
 std::vector<EnvVar> local_thread_variables(const Placement& placement, const JobInfo& job,
                                            const ParentEnv& parent) {
-  int threads = std::max(1, job.local_cores / std::max(1, placement.local_size));
+  const std::string threads = chosen_thread_count(parent).value_or(
+      std::to_string(std::max(1, job.local_cores / std::max(1, placement.local_size))));
   std::vector<EnvVar> vars;
   for (const auto& name : thread_variables()) {
-    if (!parent(name)) vars.emplace_back(name, std::to_string(threads));
+    if (!parent(name)) vars.emplace_back(name, threads);
   }
   return vars;
 }

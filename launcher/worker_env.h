@@ -18,6 +18,12 @@ ParentEnv process_parent_env();
 
 // The OpenMP / BLAS thread-count variables kolorun fills in (torchrun sets the first).
 const std::vector<std::string>& thread_variables();
+// The thread count the user chose: the value of the first of
+// thread_variables() that `lookup` finds set; nullopt when none is. One
+// setting wins: kolorun gives the variables the user left unset this value,
+// not its own share of the cores (libtorch's BLAS obeys MKL_NUM_THREADS or
+// OPENBLAS_NUM_THREADS before OMP_NUM_THREADS).
+std::optional<std::string> chosen_thread_count(const ParentEnv& lookup);
 
 // Allocator settings kolorun gives every worker (local, over ssh and through
 // mpirun) unless kolorun's environment or a -x entry sets the variable:
@@ -71,8 +77,9 @@ std::string format_seconds(double seconds);
 // The KOLO_* bootstrap variables of one worker, in a fixed order.
 std::vector<EnvVar> kolo_variables(const Placement& placement, const JobInfo& job);
 
-// Thread-count variables for a worker on this host: max(1, cores / local_size)
-// for each of thread_variables() that the parent environment does not set.
+// Thread-count variables for a worker on this host, for each of
+// thread_variables() that the parent environment does not set: the count the
+// parent chose (chosen_thread_count) or else max(1, cores / local_size).
 std::vector<EnvVar> local_thread_variables(const Placement& placement, const JobInfo& job,
                                            const ParentEnv& parent);
 

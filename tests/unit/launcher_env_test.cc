@@ -68,6 +68,9 @@ TEST(LauncherEnv, BootstrapVariables) {
   EXPECT_EQ(vars["KOLO_TIMEOUT_SECONDS"], "2.5");
 }
 
+// One thread setting wins: a count the user gave in any of the variables
+// goes to the others too (libtorch's BLAS obeys MKL_NUM_THREADS or
+// OPENBLAS_NUM_THREADS before OMP_NUM_THREADS), not kolorun's share.
 TEST(LauncherEnv, ThreadsAreTheCoresShareUnlessTheUserSetThem) {
   JobInfo job = sample_job();  // 8 cores, 3 workers on the host -> 2 threads each
   auto vars = as_map(local_thread_variables(sample_placement(), job, env_of({})));
@@ -77,7 +80,12 @@ TEST(LauncherEnv, ThreadsAreTheCoresShareUnlessTheUserSetThem) {
   vars =
       as_map(local_thread_variables(sample_placement(), job, env_of({{"OMP_NUM_THREADS", "7"}})));
   EXPECT_EQ(vars.count("OMP_NUM_THREADS"), 0u);
-  EXPECT_EQ(vars["MKL_NUM_THREADS"], "2");
+  EXPECT_EQ(vars["MKL_NUM_THREADS"], "7");
+  EXPECT_EQ(vars["OPENBLAS_NUM_THREADS"], "7");
+  vars =
+      as_map(local_thread_variables(sample_placement(), job, env_of({{"MKL_NUM_THREADS", "5"}})));
+  EXPECT_EQ(vars, (std::map<std::string, std::string>{{"OMP_NUM_THREADS", "5"},
+                                                      {"OPENBLAS_NUM_THREADS", "5"}}));
 
   job.local_cores = 2;  // 4 workers on 2 cores: never below one thread
   Placement crowded = sample_placement();
