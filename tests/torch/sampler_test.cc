@@ -153,9 +153,14 @@ TEST(DistributedSampler, NextHandsOutBatchesAndResumesFromAPosition) {
   while (auto batch = resumed.next(7)) got.insert(got.end(), batch->begin(), batch->end());
   EXPECT_EQ(got, all);
   EXPECT_FALSE(resumed.next(7).has_value());
-  // The next pass starts the epoch again.
+  // The next pass after the whole epoch starts the next epoch, reshuffled.
   resumed.reset();
-  EXPECT_EQ(resumed.position(), (SamplerPosition{4, 0}));
+  EXPECT_EQ(resumed.position(), (SamplerPosition{5, 0}));
+  EXPECT_NE(resumed.indices(), all);
+  // A pass cut short rewinds to its epoch's start.
+  resumed.next(3);
+  resumed.reset();
+  EXPECT_EQ(resumed.position(), (SamplerPosition{5, 0}));
 
   EXPECT_THROW(resumed.set_position({4, 26}), ContractError);
 }
@@ -200,9 +205,13 @@ struct Numbers : torch::data::datasets::Dataset<Numbers, size_t> {
   size_t n_;
 };
 
-TEST(DistributedSampler, PlugsIntoATorchDataLoader) {
+// Through a torch data loader (which owns its copy of the sampler): each
+// pass is one epoch, the ranks' shards cover the set, and the second pass is
+// the next epoch's order (the reference sampler's set_epoch(1)), not the
+// first pass again.
+TEST(DistributedSampler, PlugsIntoATorchDataLoaderAndReshufflesEachPass) {
   const size_t n = 40;
-  std::vector<size_t> seen;
+  std::vector<size_t> seen[2];
   for (int rank = 0; rank < 2; ++rank) {
     DistributedSamplerOptions o;
     o.rank = rank;
@@ -210,17 +219,28 @@ TEST(DistributedSampler, PlugsIntoATorchDataLoader) {
     o.seed = 2;
     auto loader = torch::data::make_data_loader(Numbers(n), DistributedSampler(n, o),
                                                 torch::data::DataLoaderOptions().batch_size(6));
-    size_t batches = 0;
-    for (const std::vector<size_t>& batch : *loader) {
-      seen.insert(seen.end(), batch.begin(), batch.end());
-      ++batches;
+    std::vector<size_t> passes[2];
+    for (int pass = 0; pass < 2; ++pass) {
+      size_t batches = 0;
+      for (const std::vector<size_t>& batch : *loader) {
+        passes[pass].insert(passes[pass].end(), batch.begin(), batch.end());
+        ++batches;
+      }
+      EXPECT_EQ(batches, 4u);  // 20 samples per rank in batches of 6
+      seen[pass].insert(seen[pass].end(), passes[pass].begin(), passes[pass].end());
     }
-    EXPECT_EQ(batches, 4u);  // 20 samples per rank in batches of 6
+    DistributedSampler reference(n, o);
+    EXPECT_EQ(passes[0], reference.indices());
+    reference.set_epoch(1);
+    EXPECT_EQ(passes[1], reference.indices());
+    EXPECT_NE(passes[0], passes[1]);
   }
-  std::sort(seen.begin(), seen.end());
   std::vector<size_t> expected(n);
   for (size_t i = 0; i < n; ++i) expected[i] = i;
-  EXPECT_EQ(seen, expected);
+  for (auto& pass : seen) {
+    std::sort(pass.begin(), pass.end());
+    EXPECT_EQ(pass, expected);
+  }
 }
 
 }  // namespace

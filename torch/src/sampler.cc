@@ -123,9 +123,17 @@ void DistributedSampler::reset(torch::optional<size_t> new_size) {
     dataset_size_ = *new_size;
     keep_position_on_reset_ = false;
     build_indices();
+    position_.next_index = 0;
+    return;
   }
   if (keep_position_on_reset_) {
     keep_position_on_reset_ = false;
+    return;
+  }
+  // A loader's next pass after a whole epoch: the next epoch, reshuffled
+  // (the loader's copy of the sampler is out of reach of set_epoch()).
+  if (!indices_.empty() && position_.next_index >= static_cast<int64_t>(indices_.size())) {
+    set_epoch(position_.epoch + 1);
     return;
   }
   position_.next_index = 0;

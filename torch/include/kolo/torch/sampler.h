@@ -20,9 +20,12 @@
 // Position: the sampler counts the indices it handed out through next() in
 // the current epoch. position() / set_position() save and restore it (with
 // the epoch) so that a checkpointed run resumes mid-epoch on the next index.
-// It plugs into torch::data loaders as a Sampler<>; a loader calls reset() at
-// the start of each pass, which rewinds to the epoch's start, except the first
-// reset() after set_position(), which keeps the restored position.
+// It plugs into torch::data loaders as a Sampler<>; a loader (which holds its
+// own copy of the sampler, out of the caller's reach) calls reset() at the
+// start of each pass. reset() after a pass that handed out the whole epoch
+// moves to the next epoch, as set_epoch(epoch() + 1) would, so the loader
+// reshuffles every pass; after a pass cut short it rewinds to the epoch's
+// start; the first reset() after set_position() keeps the restored position.
 #pragma once
 
 #include <torch/data/samplers/base.h>
@@ -88,8 +91,9 @@ class DistributedSampler : public torch::data::samplers::Sampler<std::vector<siz
   // epoch_start() + next_index * world_size(), at most dataset_size().
   int64_t consumed() const;
 
-  // torch::data::samplers::Sampler. reset(new_size) also changes the dataset
-  // size (which rewinds even after set_position).
+  // torch::data::samplers::Sampler (see above: the next epoch after a whole
+  // one). reset(new_size) also changes the dataset size (which rewinds to the
+  // current epoch's start, even after set_position).
   void reset(torch::optional<size_t> new_size = torch::nullopt) override;
   // The next up to batch_size indices of this rank's shard; nullopt when the
   // epoch is exhausted.
