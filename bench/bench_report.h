@@ -2,10 +2,9 @@
 // docs/benchmarks.md that a mode owns. Shared by every benchmark mode.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace kolo::bench {
 

@@ -9,10 +9,10 @@
 namespace kolo::bench {
 
 struct TimingOptions {
-  int warmup = 3;          // untimed calls before measuring
-  int repeats = 7;         // timed repetitions; the median is reported
-  double rep_ms = 20.0;    // target length of one repetition (iterations are batched)
-  int max_iters = 2000;    // cap on iterations per repetition
+  int warmup = 3;        // untimed calls before measuring
+  int repeats = 7;       // timed repetitions; the median is reported
+  double rep_ms = 20.0;  // target length of one repetition (iterations are batched)
+  int max_iters = 2000;  // cap on iterations per repetition
 };
 
 // Returns the median over repetitions of the per-call time in microseconds,

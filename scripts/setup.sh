@@ -11,6 +11,7 @@ packages=(
   zlib1g-dev                         # CRC-32 of kolo's files, gzipped data
   libgtest-dev libgmock-dev          # tests
   clang libclang-rt-14-dev           # the sanitizer build and libFuzzer (scripts/sanitize.sh)
+  clang-format                       # scripts/check_format.sh (the format test)
   libcli11-dev nlohmann-json3-dev     # command lines; JSON of the store, checkpoints, benches
   libssl-dev                         # libcrypto: HMAC-SHA256 of the store, the job secret
   gnuplot-nox                        # kolo-bench scaling --plot

@@ -35,7 +35,9 @@ std::string unique_prefix(const std::string& what) {
 
 struct ShmWorld {
   ShmWorld(int size, int64_t chunk_bytes)
-      : size(size), chunk_bytes(chunk_bytes), store(make_memory_store()),
+      : size(size),
+        chunk_bytes(chunk_bytes),
+        store(make_memory_store()),
         prefix(unique_prefix(std::to_string(size))) {}
   std::unique_ptr<Communicator> connect(int rank) const {
     CommunicatorOptions options;
@@ -54,7 +56,9 @@ struct ShmWorld {
 };
 
 // Element i of rank r's input: small integers, exact in f32 sums.
-float input(int rank, size_t i) { return static_cast<float>((rank + 1) * static_cast<int>(i % 13) - 5); }
+float input(int rank, size_t i) {
+  return static_cast<float>((rank + 1) * static_cast<int>(i % 13) - 5);
+}
 
 // Cuts `total` elements into segments whose sizes follow `pattern` (repeated;
 // zeros included), the last one taking the rest.
@@ -72,8 +76,8 @@ std::vector<size_t> cut(size_t total, const std::vector<size_t>& pattern) {
 
 struct Case {
   int size;
-  size_t total;          // elements
-  int64_t chunk_bytes;   // shm pipeline chunk
+  size_t total;         // elements
+  int64_t chunk_bytes;  // shm pipeline chunk
 };
 
 class Segments : public ::testing::TestWithParam<Case> {};
@@ -116,9 +120,9 @@ TEST_P(Segments, EqualsAllreduceOfTheConcatenation) {
         for (int r = 0; r < c.size; ++r) expected += input(r, at + i);
         expected = expected / c.size;  // prescale 2 and postscale 0.5 cancel
         if (std::fabs(got[i] - expected) > 1e-5 * (1 + std::fabs(expected))) {
-          failures[rank] = "rank " + std::to_string(rank) + " element " +
-                           std::to_string(at + i) + ": got " + std::to_string(got[i]) +
-                           ", expected " + std::to_string(expected);
+          failures[rank] = "rank " + std::to_string(rank) + " element " + std::to_string(at + i) +
+                           ": got " + std::to_string(got[i]) + ", expected " +
+                           std::to_string(expected);
           break;
         }
       }
@@ -137,15 +141,15 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
          "_chunk" + std::to_string(info.param.chunk_bytes);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shm, Segments,
-    ::testing::Values(Case{1, 5000, 262144}, Case{2, 0, 262144}, Case{2, 3, 262144},
-                      Case{2, 20000, 262144},       // gather scheme, one chunk
-                      Case{2, 20000, 4096},         // gather scheme, many chunks
-                      Case{2, 1000003, 262144},     // reduce-scatter scheme
-                      Case{3, 300007, 65536},       // odd world size, uneven pieces
-                      Case{4, 1 << 20, 262144}),
-    case_name);
+INSTANTIATE_TEST_SUITE_P(Shm, Segments,
+                         ::testing::Values(Case{1, 5000, 262144}, Case{2, 0, 262144},
+                                           Case{2, 3, 262144},
+                                           Case{2, 20000, 262144},    // gather scheme, one chunk
+                                           Case{2, 20000, 4096},      // gather scheme, many chunks
+                                           Case{2, 1000003, 262144},  // reduce-scatter scheme
+                                           Case{3, 300007, 65536},  // odd world size, uneven pieces
+                                           Case{4, 1 << 20, 262144}),
+                         case_name);
 
 TEST(SegmentsErrors, TotalCountMismatchFailsEveryRank) {
   constexpr int n = 3;
@@ -176,8 +180,8 @@ TEST(SegmentsErrors, NullSegmentOnOneRankFailsEveryRankAndLeavesItUsable) {
   run_ranks(n, [&](int rank) {
     auto comm = world.connect(rank);
     std::vector<float> a(8, 1.0f);
-    std::vector<AllreduceSegment> segments = {{a.data(), a.data(), 4},
-                                              {rank == 1 ? nullptr : a.data() + 4, a.data() + 4, 4}};
+    std::vector<AllreduceSegment> segments = {
+        {a.data(), a.data(), 4}, {rank == 1 ? nullptr : a.data() + 4, a.data() + 4, 4}};
     try {
       comm->allreduce_segments(segments, DType::kF32, AllreduceOptions{});
     } catch (const ContractError& e) {
@@ -187,7 +191,8 @@ TEST(SegmentsErrors, NullSegmentOnOneRankFailsEveryRankAndLeavesItUsable) {
     EXPECT_EQ(a[0], static_cast<float>(n));
   });
   for (int rank = 0; rank < n; ++rank) {
-    EXPECT_NE(messages[rank].find("null"), std::string::npos) << "rank " << rank << ": " << messages[rank];
+    EXPECT_NE(messages[rank].find("null"), std::string::npos)
+        << "rank " << rank << ": " << messages[rank];
   }
 }
 

@@ -133,11 +133,11 @@ TEST(KolorunSsh, GlooBetweenThisMachineAndATestHost) {
 // KOLO_GLOO_IFACE names the interface gloo binds to (each test host has eth0).
 TEST(KolorunSsh, GlooOnTheInterfaceKoloGlooIfaceNames) {
   KOLO_NEED_TEST_HOSTS(2, hosts);
-  RunResult r = run_kolorun(over_ssh(*hosts, hosts->names[0] + ":1," + hosts->names[1] + ":1",
-                                     {"-x", "KOLO_GLOO_IFACE=eth0", "--timeout", "60",
-                                      "--tag-output", worker_path("kolo_check_worker"), "--counts",
-                                      "0,1,1000"}),
-                            seconds(120));
+  RunResult r =
+      run_kolorun(over_ssh(*hosts, hosts->names[0] + ":1," + hosts->names[1] + ":1",
+                           {"-x", "KOLO_GLOO_IFACE=eth0", "--timeout", "60", "--tag-output",
+                            worker_path("kolo_check_worker"), "--counts", "0,1,1000"}),
+                  seconds(120));
   expect_check_passed(r, 2, "gloo");
   RunResult wrong = run_kolorun(over_ssh(*hosts, hosts->names[0] + ":1," + hosts->names[1] + ":1",
                                          {"-x", "KOLO_GLOO_IFACE=nosuch0", "--timeout", "20",

@@ -30,8 +30,8 @@ namespace kolo {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
 using kolo::testing::TempDir;
+using std::chrono::milliseconds;
 
 using kolo::testing::run_forked_ranks;
 using kolo::testing::SharedState;

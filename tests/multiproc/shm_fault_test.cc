@@ -29,8 +29,8 @@ namespace kolo {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
 using kolo::testing::TempDir;
+using std::chrono::milliseconds;
 
 // Exit codes of the children.
 constexpr int kExitOk = 0;

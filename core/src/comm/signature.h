@@ -17,16 +17,23 @@
 namespace kolo::detail {
 
 enum class CollectiveKind : uint8_t {
-  kAllreduce, kAllgather, kAllgatherv, kBroadcast, kReducescatter, kAlltoall, kAlltoallv, kBarrier
+  kAllreduce,
+  kAllgather,
+  kAllgatherv,
+  kBroadcast,
+  kReducescatter,
+  kAlltoall,
+  kAlltoallv,
+  kBarrier
 };
 const char* collective_name(CollectiveKind kind);
 
 // Trivially copyable; 48 bytes. Fields that do not apply to a kind are zero.
 struct CallSignature {
-  uint64_t sequence = 0;   // per-communicator call number (catches skipped calls)
-  uint64_t count = 0;      // elements (allgatherv: hash_counts(counts); alltoallv: 0, because
-                           // its count vectors differ per rank by design, see
-                           // check_alltoallv_counts)
+  uint64_t sequence = 0;  // per-communicator call number (catches skipped calls)
+  uint64_t count = 0;     // elements (allgatherv: hash_counts(counts); alltoallv: 0, because
+                          // its count vectors differ per rank by design, see
+                          // check_alltoallv_counts)
   double prescale = 1.0;
   double postscale = 1.0;
   int32_t root = 0;
@@ -55,8 +62,8 @@ void check_signatures(const std::vector<CallSignature>& signatures);
 // Local argument validation at the API boundary (null pointer with count > 0,
 // bad root, vector sizes != world size, unsupported op for dtype...). Throws
 // ContractError naming the operation, the argument and the value.
-void check_local_args(CollectiveKind kind, int size, const void* in, const void* out,
-                      size_t count, const AllreduceOptions* reduce_options, int root);
+void check_local_args(CollectiveKind kind, int size, const void* in, const void* out, size_t count,
+                      const AllreduceOptions* reduce_options, int root);
 
 // Local check of a counts vector argument (allgatherv counts, alltoallv
 // send_counts / recv_counts): it must hold exactly `size` entries. `argument`
