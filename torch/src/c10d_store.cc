@@ -35,18 +35,23 @@ std::string first_line(const std::exception& e) {
 }
 
 // What to add to libtorch's message when the server closed the connection
-// on a c10d request: the usual cause is a server of another protocol, such as
-// kolorun's own store, whose authenticated frames a c10d client cannot speak.
-// (libtorch 1.13 says "Connection reset by peer", 2.x "Connection closed by
-// peer" or "Remote peer closed the connection".)
+// on a c10d request or answered its ping with something else: the usual
+// cause is a server of another protocol, such as kolorun's own store, whose
+// frames a c10d client cannot speak. (libtorch 1.13 says "Connection reset by
+// peer"; 2.x "Connection closed by peer", "Remote peer closed the
+// connection", or, when the server answered, "Ping failed, invalid value
+// returned from server".)
 std::string closed_hint(std::string message) {
   std::transform(message.begin(), message.end(), message.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   const bool closed = message.find("reset by peer") != std::string::npos ||
                       message.find("broken pipe") != std::string::npos ||
                       message.find("closed") != std::string::npos;
-  if (!closed) return "";
-  return "; the server closed the connection on a c10d request: is it a c10d TCPStore "
+  const bool misanswered = message.find("ping failed") != std::string::npos;
+  if (!closed && !misanswered) return "";
+  return std::string("; the server ") +
+         (closed ? "closed the connection on" : "gave a wrong answer to") +
+         " a c10d request: is it a c10d TCPStore "
          "(torchrun's agent store at MASTER_ADDR:MASTER_PORT)? Under kolorun, which serves "
          "kolo's own store, leave KOLO_STORE unset";
 }
