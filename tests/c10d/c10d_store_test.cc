@@ -341,8 +341,9 @@ TEST(C10dStore, AServerThatClosesOnARequestIsNamedAsAnotherProtocol) {
 }
 
 // The case itself: KOLO_STORE=c10d under kolorun, whose store is kolo's own
-// (libtorch 2.x's ping gets an answer it does not expect, 1.13's connection
-// is closed): the error names the likely mistake, at the store's timeout.
+// (libtorch 2.x's ping gets an answer it does not expect; 1.13's first
+// request gets none): the error names the likely mistake, at the store's
+// timeout.
 TEST(C10dStore, KolosOwnStoreIsNamedAsAnotherProtocol) {
   TcpStoreServer kolos_store({});
   std::string message;

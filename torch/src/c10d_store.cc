@@ -105,7 +105,8 @@ class BoundedCalls {
                          " within " + std::to_string(timeout.count()) +
                          " ms (KOLO_TIMEOUT_SECONDS): the server accepted the connection but "
                          "does not reply; is it a c10d TCPStore (torchrun's agent store at "
-                         "MASTER_ADDR:MASTER_PORT), and is it running?");
+                         "MASTER_ADDR:MASTER_PORT), and is it running? Under kolorun, which "
+                         "serves kolo's own store, leave KOLO_STORE unset");
     }
     if (shared_->error) std::rethrow_exception(shared_->error);
   }
