@@ -21,6 +21,23 @@ namespace {
 
 class P2PWatchTest : public ::testing::TestWithParam<std::string> {};
 
+// Rank `rank` of `n` on the backend under test, meeting at `store`: a stall
+// warning after 0.2 s, the stall watch's abort after `shutdown_seconds`, and
+// a transfer timeout (60 s) well beyond both.
+InitOptions watched_rank(int rank, int n, const TcpStoreServer& store, const std::string& backend,
+                         const std::string& shutdown_seconds) {
+  InitOptions options;
+  options.env = map_env({{"KOLO_RANK", std::to_string(rank)},
+                         {"KOLO_SIZE", std::to_string(n)},
+                         {"KOLO_STORE_ADDR", "127.0.0.1"},
+                         {"KOLO_STORE_PORT", std::to_string(store.port())},
+                         {"KOLO_BACKEND", backend},
+                         {"KOLO_TIMEOUT_SECONDS", "60"},
+                         {"KOLO_STALL_WARNING_SECONDS", "0.2"},
+                         {"KOLO_STALL_SHUTDOWN_SECONDS", shutdown_seconds}});
+  return options;
+}
+
 TEST_P(P2PWatchTest, ADeadlockIsWarnedAboutThenFailsNamingPeerAndTag) {
   constexpr int n = 2;
   TcpStoreServer server({});
@@ -28,16 +45,7 @@ TEST_P(P2PWatchTest, ADeadlockIsWarnedAboutThenFailsNamingPeerAndTag) {
   double seconds[n] = {0, 0};
   ::testing::internal::CaptureStderr();
   testing::run_ranks(n, [&](int rank) {
-    InitOptions options;
-    options.env = map_env({{"KOLO_RANK", std::to_string(rank)},
-                           {"KOLO_SIZE", std::to_string(n)},
-                           {"KOLO_STORE_ADDR", "127.0.0.1"},
-                           {"KOLO_STORE_PORT", std::to_string(server.port())},
-                           {"KOLO_BACKEND", GetParam()},
-                           {"KOLO_TIMEOUT_SECONDS", "60"},
-                           {"KOLO_STALL_WARNING_SECONDS", "0.2"},
-                           {"KOLO_STALL_SHUTDOWN_SECONDS", "2"}});
-    Runtime runtime(options);
+    Runtime runtime(watched_rank(rank, n, server, GetParam(), "2"));
     Communicator& world = runtime.world();
     const int peer = 1 - rank;
     // A matching pair first: the watch is invisible to it.
@@ -93,16 +101,7 @@ TEST_P(P2PWatchTest, GroupsNameWorldRanksAndALongerOwnTimeoutIsHonoured) {
   double patient_seconds[n] = {0, 0, 0};
   ::testing::internal::CaptureStderr();
   testing::run_ranks(n, [&](int rank) {
-    InitOptions options;
-    options.env = map_env({{"KOLO_RANK", std::to_string(rank)},
-                           {"KOLO_SIZE", std::to_string(n)},
-                           {"KOLO_STORE_ADDR", "127.0.0.1"},
-                           {"KOLO_STORE_PORT", std::to_string(server.port())},
-                           {"KOLO_BACKEND", GetParam()},
-                           {"KOLO_TIMEOUT_SECONDS", "60"},
-                           {"KOLO_STALL_WARNING_SECONDS", "0.2"},
-                           {"KOLO_STALL_SHUTDOWN_SECONDS", "1.5"}});
-    Runtime runtime(options);
+    Runtime runtime(watched_rank(rank, n, server, GetParam(), "1.5"));
     if (rank == 0) return;      // not in the group
     const int peer = 2 - rank;  // group ranks 0 and 1 are world ranks 1 and 2
     int value = 0;
