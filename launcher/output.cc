@@ -99,7 +99,7 @@ void OutputRouter::feed(int rank, Stream stream, const char* data, size_t size) 
       continue;
     }
     if (after_cr && partial.empty()) {
-      write_raw(stream, rank, "\n");
+      write_raw(rank, stream, "\n");
     } else {
       emit(rank, stream, partial);
     }
@@ -121,7 +121,7 @@ void OutputRouter::flush(int rank, Stream stream) {
   partial.clear();
 }
 
-void OutputRouter::write_raw(Stream stream, int rank, const std::string& text) {
+void OutputRouter::write_raw(int rank, Stream stream, const std::string& text) {
   auto& state = ranks_[static_cast<size_t>(rank)];
   if (state.log_fd >= 0) (void)write_all(state.log_fd, text);
   if (options_.mode == OutputMode::kRank0Only && rank != 0) return;

@@ -72,7 +72,7 @@ class OutputRouter {
   // One line or segment, written with `end` ("\n" or "\r") after it.
   void emit(int rank, Stream stream, const std::string& line, const char* end = "\n");
   // `text` as it is, untagged and not remembered: the '\n' after a '\r' end.
-  void write_raw(Stream stream, int rank, const std::string& text);
+  void write_raw(int rank, Stream stream, const std::string& text);
 
   Options options_;
   std::vector<RankState> ranks_;

@@ -41,7 +41,7 @@ std::string first_line(const std::exception& e) {
 // peer"; 2.x "Connection closed by peer", "Remote peer closed the
 // connection", or, when the server answered, "Ping failed, invalid value
 // returned from server".)
-std::string closed_hint(std::string message) {
+std::string other_protocol_hint(std::string message) {
   std::transform(message.begin(), message.end(), message.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   const bool closed = message.find("reset by peer") != std::string::npos ||
@@ -170,7 +170,7 @@ class C10dStore : public Store {
       const std::string message = first_line(e);
       throw RuntimeFault("kolo: cannot reach the c10d store at " + address_ + " within " +
                          std::to_string(timeout.count()) + " ms: " + message +
-                         closed_hint(message));
+                         other_protocol_hint(message));
     }
     client_ = std::move(client);
   }
@@ -238,7 +238,7 @@ class C10dStore : public Store {
     } catch (const std::exception& e) {
       const std::string message = first_line(e);
       throw RuntimeFault("kolo: the c10d store at " + address_ + " failed in " + what + ": " +
-                         message + closed_hint(message));
+                         message + other_protocol_hint(message));
     }
     return std::move(**result);
   }
