@@ -28,8 +28,8 @@ const std::vector<ConfigVar>& config_registry() {
        "Kind of rendezvous store. kolo: kolo's own TCP store (served by kolorun, or by rank 0 at "
        "MASTER_ADDR:MASTER_PORT). c10d: a PyTorch c10d TCPStore that the launcher already serves "
        "at MASTER_ADDR:MASTER_PORT (or KOLO_STORE_ADDR:KOLO_STORE_PORT), joined as a client "
-       "through kolo::init_torch(). auto: c10d when TORCHELASTIC_USE_AGENT_STORE=True (torchrun "
-       ">= 2.4), else kolo."},
+       "through kolo::init_torch(); refused under kolorun, which serves kolo's own. auto: c10d "
+       "when TORCHELASTIC_USE_AGENT_STORE=True (torchrun >= 2.4, not under kolorun), else kolo."},
       {"KOLO_JOB_ID", ConfigType::kString, "", "",
        "Unique id of the job; names shared-memory segments. Default: derived from the launcher."},
       {"KOLO_HOSTNAME", ConfigType::kString, "", "",

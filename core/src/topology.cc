@@ -298,6 +298,17 @@ void fill_store_kind(const Env& env, const Config& config, Topology& t) {
   const bool agent_store = agent == "True" || agent == "true" || agent == "1";
   if (kind == "kolo" || (kind == "auto" && (!agent_store || t.source == "kolorun"))) return;
   if (t.size == 1) return;  // a world of one needs no store
+  if (t.source == "kolorun") {
+    // kolorun serves kolo's own store there, never a c10d one: a c10d client
+    // would retry against it for the whole timeout before failing.
+    throw ContractError(
+        "kolo init: KOLO_STORE=c10d asks to join a c10d TCPStore, but kolorun "
+        "serves kolo's own store at " +
+        t.store_host + ":" + std::to_string(t.store_port) +
+        " (KOLO_STORE_ADDR, KOLO_STORE_PORT), which speaks another protocol: "
+        "leave KOLO_STORE unset (or set it to kolo) under kolorun; KOLO_STORE=c10d "
+        "is for torchrun's agent store at MASTER_ADDR:MASTER_PORT");
+  }
   if (t.store_host.empty()) {
     throw ContractError(
         std::string("kolo init: ") +

@@ -233,6 +233,13 @@ TEST(Topology, AgentStoreIsAC10dStoreNobodyServes) {
   // Under kolorun the variable, inherited from an outer torchrun, means nothing.
   EXPECT_EQ(detect(merged({{{"TORCHELASTIC_USE_AGENT_STORE", "True"}}, kKolorun})).store_kind,
             "kolo");
+  // KOLO_STORE=c10d under kolorun, whose store is kolo's own: refused at
+  // once, not after a c10d client's retries for the whole timeout.
+  const std::string under_kolorun = detect_error(merged({{{"KOLO_STORE", "c10d"}}, kKolorun}));
+  EXPECT_NE(under_kolorun.find("but kolorun serves kolo's own store at 127.0.0.1:4242"),
+            std::string::npos)
+      << under_kolorun;
+  EXPECT_NE(under_kolorun.find("leave KOLO_STORE unset"), std::string::npos) << under_kolorun;
   // c10d without an address says which variables to set.
   const std::string error =
       detect_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"KOLO_STORE", "c10d"}});
