@@ -2,10 +2,12 @@
 // under kolorun: the engine's NegotiationWatch (engine/stall_inspector.h)
 // names it within KOLO_STALL_WARNING_SECONDS and fails the others' pending
 // work after KOLO_STALL_SHUTDOWN_SECONDS, far before --timeout; kolorun then
-// stops the job, SIGKILLing the stopped rank after --grace.
+// stops the job, SIGKILLing the stopped rank after --grace. Point-to-point
+// waits that deadlock are warned about and ended the same way.
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <chrono>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -62,6 +64,55 @@ TEST_P(FrozenRank, IsNamedByTheStallWarningAndFailsTheOthersAfterTheShutdownTime
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, FrozenRank, ::testing::Values("shm", "gloo"));
+
+// Point-to-point waits that can never match, through kolorun (each rank
+// receives from the next what nobody sends: a pipeline's stages on different
+// plans deadlock this way): every rank is warned about by the world's stall
+// watch after KOLO_STALL_WARNING_SECONDS, naming its peer and tag, and fails
+// after KOLO_STALL_SHUTDOWN_SECONDS, far before --timeout; kolorun ends the
+// job non-zero.
+class P2PDeadlock : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(P2PDeadlock, IsWarnedAboutAndFailsNamingPeerAndTagUnderKolorun) {
+  const std::string backend = GetParam();
+  if (backend == "gloo" && !KOLO_HAVE_GLOO) GTEST_SKIP() << "built without gloo";
+  const auto start = std::chrono::steady_clock::now();
+  const RunResult r =
+      run_kolorun({"-np", "3", "--backend", backend, "--timeout", "600", "--grace", "1",
+                   "--tag-output", worker_path("stall_worker"), "--p2p-deadlock", "1"},
+                  seconds(60), {"KOLO_STALL_WARNING_SECONDS=1", "KOLO_STALL_SHUTDOWN_SECONDS=3"});
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+  EXPECT_LT(elapsed, 30.0) << r.out << r.err;
+  // Each rank's own wait is named, before any of them gives up.
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string wait = "recv from rank " + std::to_string((rank + 1) % 3) + " (tag " +
+                             std::to_string(100 + rank) + ")";
+    EXPECT_TRUE(contains(r.err, "stall: rank " + std::to_string(rank) + " has waited")) << r.err;
+    EXPECT_TRUE(contains(r.err, wait + ": rank " + std::to_string((rank + 1) % 3) +
+                                    " has not posted the matching send"))
+        << r.err;
+  }
+  // The first rank to fail makes kolorun stop the others: at least one
+  // reports the fault, and it names the shutdown setting, not a timeout.
+  int reported = 0;
+  for (int rank = 0; rank < 3; ++rank) {
+    const auto lines = tagged_lines(r.out, rank);
+    if (lines.empty() || !contains(lines.back(), "rank " + std::to_string(rank) + ": fault: ")) {
+      continue;
+    }
+    ++reported;
+    EXPECT_TRUE(contains(lines.back(), "KOLO_STALL_SHUTDOWN_SECONDS")) << lines.back();
+    EXPECT_TRUE(contains(lines.back(), "(tag 10")) << lines.back();
+  }
+  EXPECT_GE(reported, 1) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "kolorun: rank ")) << r.err;
+  EXPECT_FALSE(contains(r.out + r.err, "timed out after 600000 ms")) << r.out << r.err;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, P2PDeadlock, ::testing::Values("shm", "gloo"));
 
 #if KOLO_HAVE_MPI
 // --backend mpi with a frozen rank and the stall check off: the others' allreduce

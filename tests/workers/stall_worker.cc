@@ -11,6 +11,11 @@
 // in the rendezvous meanwhile); with --exit-0-before-init R it exits 0 after
 // 1 s (an early return).
 //
+// With --p2p-deadlock 1, every rank instead receives on the world
+// communicator from the next rank (tag 100 + its rank) what no rank ever
+// sends: a deadlock of point-to-point waits, which the world's stall watch
+// (core/src/comm/watched_communicator.h) warns about and ends.
+//
 // Prints "pid=<pid>" first; "rank R: done" and exits 0 after --steps steps;
 // on a RuntimeFault prints "rank R: fault: <message> [failed ranks: a,b]" and
 // exits 3.
@@ -24,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "kolo/core/communicator.h"
 #include "kolo/core/engine.h"
 #include "kolo/core/errors.h"
 #include "kolo/core/runtime.h"
@@ -35,6 +41,7 @@ int main(int argc, char** argv) {
   int exit_rank = -1;
   int sleep_rank = -1;
   int clean_exit_rank = -1;
+  bool p2p_deadlock = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const std::string value = argv[i + 1];
@@ -46,6 +53,8 @@ int main(int argc, char** argv) {
       clean_exit_rank = std::atoi(value.c_str());
     } else if (flag == "--sleep-before-init") {
       sleep_rank = std::atoi(value.c_str());
+    } else if (flag == "--p2p-deadlock") {
+      p2p_deadlock = std::atoi(value.c_str()) != 0;
     } else if (flag == "--freeze") {
       const size_t at = value.find('@');
       freeze_rank = std::atoi(value.substr(0, at).c_str());
@@ -74,6 +83,14 @@ int main(int argc, char** argv) {
   try {
     kolo::init();
     rank = kolo::rank();
+    if (p2p_deadlock) {
+      kolo::Communicator& world = kolo::runtime().world();
+      kolo::P2POptions stuck;
+      stuck.tag = 100 + rank;
+      int value = 0;
+      world.recv(&value, 1, kolo::DType::kI32, (rank + 1) % world.size(), stuck);
+      steps = 0;
+    }
     for (int step = 0; step < steps; ++step) {
       if (rank == freeze_rank && step == freeze_step) raise(SIGSTOP);
       kolo::TensorView v{grad.data(), kolo::DType::kF32, {1000}};
