@@ -354,6 +354,13 @@ int launch(const LaunchOptions& options) {
       return WorkerProcess{placement.rank, placement.host, !placement.local,
                            spawn_process(request)};
     };
+    // A worker that a server finds frozen is killed (and restarted as above).
+    supervisor_options.evictions = [&, seen = int64_t{0}]() mutable {
+      if (!own_store) {
+        own_store = connect_tcp_store("127.0.0.1", store->port(), std::chrono::seconds(10), secret);
+      }
+      return detail::new_evictions(*own_store, &seen);
+    };
   }
   Outcome outcome;
   {

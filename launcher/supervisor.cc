@@ -85,13 +85,15 @@ void Supervisor::start_failed(int rank, const std::string& reason) {
 void Supervisor::poll_once() {
   until_job_timeout();
   pool_.step(Clock::duration::zero());
+  poll_evictions();
 }
 
 Outcome Supervisor::run() {
   for (;;) {
     start_restarts();
     if (pool_.all_exited()) break;
-    pool_.step(until_job_timeout());
+    pool_.step(next_wait());
+    poll_evictions();
   }
   pool_.finish();
   return outcome();
@@ -107,6 +109,51 @@ std::optional<Supervisor::Clock::duration> Supervisor::until_job_timeout() {
   cause_ = Cause::kJobTimeout;
   begin_stop(SIGTERM);
   return std::nullopt;
+}
+
+std::optional<Supervisor::Clock::duration> Supervisor::next_wait() {
+  std::optional<Clock::duration> wait = until_job_timeout();
+  if (options_.evictions && !stopping_) {
+    const Clock::duration poll = std::chrono::milliseconds(200);
+    wait = wait ? std::min(*wait, poll) : poll;
+  }
+  return wait;
+}
+
+void Supervisor::poll_evictions() {
+  if (!options_.evictions || stopping_) return;
+  std::vector<detail::EvictionRequest> requests;
+  try {
+    requests = options_.evictions();
+  } catch (const std::exception& e) {
+    // The store is kolorun's own: it cannot be unreachable for long. Stop
+    // polling rather than repeat the message every interval.
+    std::fprintf(stderr, "kolorun: cannot read the parameter servers' eviction requests: %s\n",
+                 e.what());
+    options_.evictions = nullptr;
+    return;
+  }
+  for (const detail::EvictionRequest& request : requests) {
+    const PoolWorker* worker = pool_.find(request.rank);
+    if (worker == nullptr || worker->exited || request.rank >= options_.ps_workers) continue;
+    const int start =
+        generations_.size() > static_cast<size_t>(request.rank) ? generations_[request.rank] : 0;
+    if (request.start != start) continue;  // a request about an earlier start
+    if (evicted_.size() <= static_cast<size_t>(request.rank)) evicted_.resize(request.rank + 1);
+    if (!evicted_[request.rank].empty()) continue;  // another server asked first
+    evicted_[request.rank] = request.why;
+    std::fprintf(stderr, "kolorun: %s: %s; killing it\n", describe_rank(*worker).c_str(),
+                 request.why.c_str());
+    std::fflush(stderr);
+    pool_.kill(request.rank);
+  }
+}
+
+std::string Supervisor::describe_end(const PoolWorker& worker) const {
+  if (evicted_.size() > static_cast<size_t>(worker.id) && !evicted_[worker.id].empty()) {
+    return "was evicted (" + evicted_[worker.id] + ") and " + describe_status(worker.status);
+  }
+  return describe_status(worker.status);
 }
 
 void Supervisor::on_signal(int signal_number) {
@@ -127,10 +174,11 @@ void Supervisor::on_exit(const PoolWorker& worker) {
     std::fprintf(stderr,
                  "kolorun: %s %s; restarting it to rejoin the parameter servers (restart %d of "
                  "--restart-workers %d)\n",
-                 describe_rank(worker).c_str(), describe_status(worker.status).c_str(), restarts_,
+                 describe_rank(worker).c_str(), describe_end(worker).c_str(), restarts_,
                  options_.restart_workers);
     std::fflush(stderr);
     pending_restarts_.push_back(worker.id);
+    if (evicted_.size() > static_cast<size_t>(worker.id)) evicted_[worker.id].clear();
     return;
   }
   if (failed(worker.status) && !stopping_) {
@@ -182,7 +230,7 @@ std::string Supervisor::describe_failure() const {
   const PoolWorker* worker = pool_.find(cause_rank_);
   if (worker == nullptr) return "kolorun: rank " + std::to_string(cause_rank_) + " failed";
   const PoolWorker& info = *worker;
-  std::string line = "kolorun: " + describe_rank(info) + " " + describe_status(worker->status);
+  std::string line = "kolorun: " + describe_rank(info) + " " + describe_end(info);
   if (info.remote && WIFEXITED(worker->status)) {
     int code = WEXITSTATUS(worker->status);
     if (code == 255) line += " (ssh's code for a failed connection or a remote signal)";

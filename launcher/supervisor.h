@@ -15,7 +15,10 @@
 // (parameter server 0; pid ...)"). With --restart-workers N, a worker (not a
 // server) that fails while the job is not stopping is started again instead,
 // at most N times in all, through SupervisorOptions::restart; the job then
-// fails only when a failure finds the budget spent.
+// fails only when a failure finds the budget spent. A worker that a
+// parameter server evicts (it sent nothing while the others' pulls waited:
+// a frozen process; exit_notices.h) is SIGKILLed and reported as evicted,
+// then handled as any failed worker: restarted, or the job's failure.
 #pragma once
 
 #include <sys/types.h>
@@ -26,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "exit_notices.h"
 #include "output.h"
 #include "spawn.h"
 #include "worker_pool.h"
@@ -58,6 +62,9 @@ struct SupervisorOptions {
   // Starts rank `rank` again as its `generation`-th restart; throws
   // std::system_error when it cannot (the job then stops).
   std::function<WorkerProcess(int rank, int generation)> restart;
+  // Parameter-server jobs: the eviction requests made since the last call
+  // (detail::new_evictions), polled every few hundred milliseconds.
+  std::function<std::vector<detail::EvictionRequest>()> evictions;
 };
 
 struct Outcome {
@@ -91,6 +98,11 @@ class Supervisor {
   void on_exit(const PoolWorker& worker);
   // Starts the restarts on_exit() queued (not from inside the pool's reaping).
   void start_restarts();
+  // Kills the workers that new eviction requests name (their current start).
+  void poll_evictions();
+  // How long the pool may wait: until --job-timeout, and a poll interval
+  // when evictions are polled.
+  std::optional<Clock::duration> next_wait();
   // "rank 2 (parameter server 0; pid 7 on host)" / "rank 1 (pid 7 on host)".
   std::string describe_rank(const PoolWorker& worker) const;
   void on_signal(int signal_number);
@@ -112,6 +124,10 @@ class Supervisor {
   int restarts_ = 0;                   // restarts started or queued
   std::vector<int> generations_;       // per rank: its restarts so far
   std::vector<int> pending_restarts_;  // ranks to start again
+  // Per rank: why it was evicted, while its evicted start has not been
+  // reaped yet (it then describes its end).
+  std::vector<std::string> evicted_;
+  std::string describe_end(const PoolWorker& worker) const;
 };
 
 // "exited with code 3" / "killed by signal 9 (SIGKILL)" for a wait status.

@@ -1,6 +1,8 @@
-// Early exits announced through kolorun's store (exit_notices.h).
+// Notices through kolorun's store: early exits and evictions (exit_notices.h).
 #include "exit_notices.h"
 
+#include <chrono>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -11,7 +13,10 @@ namespace {
 
 constexpr const char* kExitsKey = "launcher/exits";
 
+constexpr const char* kEvictionsKey = "launcher/evictions";
+
 std::string exited_key(int rank) { return "launcher/exited/" + std::to_string(rank); }
+std::string eviction_key(int64_t n) { return "launcher/eviction/" + std::to_string(n); }
 
 }  // namespace
 
@@ -40,6 +45,32 @@ std::function<void()> exited_ranks_check(std::shared_ptr<Store> store, int self,
                            "its first collective) before it leaves",
                        gone);
   };
+}
+
+void request_eviction(Store& store, int rank, int64_t start, const std::string& why) {
+  const int64_t n = store.add(kEvictionsKey, 1);
+  store.set(eviction_key(n),
+            to_bytes(std::to_string(rank) + " " + std::to_string(start) + " " + why));
+}
+
+std::vector<EvictionRequest> new_evictions(Store& store, int64_t* seen) {
+  std::vector<EvictionRequest> requests;
+  const int64_t made = store.add(kEvictionsKey, 0);
+  // A request is counted before its text is set: wait for the text briefly,
+  // and leave the rest for the next call if it is not there yet.
+  while (*seen < made) {
+    const std::string key = eviction_key(*seen + 1);
+    if (!store.check({key})) break;
+    const std::string text = to_string(store.get(key, std::chrono::seconds(1)));
+    *seen += 1;
+    EvictionRequest request;
+    char* end = nullptr;
+    request.rank = static_cast<int>(std::strtol(text.c_str(), &end, 10));
+    request.start = std::strtoll(end, &end, 10);
+    request.why = *end == ' ' ? std::string(end + 1) : std::string(end);
+    requests.push_back(std::move(request));
+  }
+  return requests;
 }
 
 }  // namespace kolo::detail

@@ -181,6 +181,16 @@ bool ServerClocks::may_serve_pull(int64_t clock) const {
   return true;
 }
 
+std::vector<int> ServerClocks::holding_back(int64_t clock) const {
+  std::vector<int> workers;
+  if (mode_ == Mode::kAsync) return workers;
+  const int64_t needed = mode_ == Mode::kSync ? clock : clock - max_staleness_;
+  for (size_t w = 0; w < clocks_.size(); ++w) {
+    if (live_[w] && clocks_[w] < needed) workers.push_back(static_cast<int>(w));
+  }
+  return workers;
+}
+
 int64_t ServerClocks::served_pull(int worker, int64_t clock) {
   const int64_t slowest = slowest_live_clock();
   const int64_t staleness = slowest == INT64_MAX ? 0 : std::max<int64_t>(0, clock - slowest);
@@ -283,6 +293,9 @@ std::shared_ptr<RejoinChannel> server_channel(Runtime& runtime, const Roles& rol
                                       link_name(options, server, worker, generation));
   };
   channel->close = [store, keys, server] { store->set(keys.closed(server), to_bytes("1")); };
+  channel->evict = [&runtime](int worker, int64_t generation, const std::string& why) {
+    return runtime.request_eviction(worker, generation, why);
+  };
   return channel;
 }
 
@@ -319,6 +332,7 @@ Links rejoin(Runtime& runtime, const Roles& roles, const LinkOptions& options, i
   }
   Links links;
   links.roles = roles;
+  links.timeout = runtime_timeout(runtime);
   links.generation = generation;
   for (int s = 0; s < roles.servers; ++s) {
     links.peers.push_back(runtime.group_communicator({self, roles.server_rank(s)},
@@ -339,6 +353,7 @@ Links connect(Runtime& runtime, const Roles& roles, const LinkOptions& options) 
   }
   Links links;
   links.roles = roles;
+  links.timeout = runtime_timeout(runtime);
   const int self = roles.rank;
   if (roles.is_server()) {
     links.rejoin = server_channel(runtime, roles, options);
@@ -363,6 +378,7 @@ std::vector<Links> make_thread_links(int workers, int servers, std::chrono::mill
   std::vector<Links> links(workers + servers);
   for (int r = 0; r < workers + servers; ++r) {
     links[r].roles = Roles{workers, servers, r};
+    links[r].timeout = timeout;
     links[r].peers.resize(r < workers ? servers : workers);
   }
   for (int s = 0; s < servers; ++s) {

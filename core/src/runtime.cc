@@ -254,6 +254,7 @@ Runtime::Runtime(const InitOptions& options) {
     // kolorun writes its notices at the root of its store, outside any
     // generation's prefix.
     exit_check_ = detail::exited_ranks_check(raw_store, topology_.rank, topology_.size);
+    launcher_store_ = raw_store;
   }
   if (config_.get_int("KOLO_PS_REJOIN") > 0) {
     // A worker restarted into a running parameter-server job (kolorun
@@ -381,6 +382,12 @@ std::string Runtime::no_world(const std::string& call) const {
          "and has no world communicator: the other ranks built theirs before it came back. A "
          "rejoining worker talks to the servers only (kolo::ps::connect()); keep collectives "
          "out of parameter-server programs";
+}
+
+bool Runtime::request_eviction(int rank, int64_t start, const std::string& why) {
+  if (!launcher_store_) return false;
+  detail::request_eviction(*launcher_store_, rank, start, why);
+  return true;
 }
 
 bool Runtime::engine_stopped() {

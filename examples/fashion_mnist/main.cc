@@ -63,7 +63,9 @@ class Report : public kolo::Callback {
       : flags_(flags), train_size_(train_size), test_size_(test_size) {}
 
   void on_train_begin(kolo::Trainer& trainer) override {
-    if (trainer.rank() != 0) return;
+    // A worker restarted into a running parameter-server job (kolorun
+    // --restart-workers) has no world to name; its first start printed this.
+    if (trainer.rank() != 0 || kolo::runtime().config().get_int("KOLO_PS_REJOIN") > 0) return;
     const int workers = trainer.world_size();
     std::printf("Fashion-MNIST: %d worker(s) x %d thread(s), %s backend, launched by %s\n", workers,
                 threads_of(flags_), kolo::runtime().world().backend(),

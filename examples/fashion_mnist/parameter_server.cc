@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -37,12 +38,23 @@ void run_on_parameter_servers(const Flags& flags, const TrainOnWorker& train) {
         kolo::steps_per_epoch(training_size(flags), roles.workers, trainer_options_of(flags, {}));
     if (flags.resume) options.resume_from = flags.checkpoint_dir;
   }
-  // The workers' own collectives (metric averages, evaluation) run among
-  // them: the servers take part in none. Every process adds the set.
-  std::vector<int> workers(roles.workers);
-  std::iota(workers.begin(), workers.end(), 0);
+  // Where the workers' own collectives (metric averages, evaluation) run.
+  // Sync: among them, since every step waits for every worker anyway (the
+  // servers take part in none; every process adds the set). Async and ssp:
+  // on an engine of each worker's own, so that no worker waits for another
+  // (one the servers evict as frozen, or one kolorun --restart-workers
+  // starts again, which has no world to share); each reports its own
+  // metrics, worker 0's are printed.
   kolo::CallOptions where;
-  where.process_set = runtime.engine().add_process_set(workers).id();
+  std::unique_ptr<kolo::Engine> own_engine;
+  if (options.mode == kolo::ps::Mode::kSync) {
+    std::vector<int> workers(roles.workers);
+    std::iota(workers.begin(), workers.end(), 0);
+    where.process_set = runtime.engine().add_process_set(workers).id();
+  } else if (!roles.is_server()) {
+    own_engine = kolo::make_solo_engine(kolo::EngineOptions::from_config(runtime.config()));
+    where.engine = own_engine.get();
+  }
 
   // The model, built the same way everywhere: the servers' copies of its
   // initial parameters are where training starts.

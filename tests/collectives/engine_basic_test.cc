@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -367,6 +368,25 @@ INSTANTIATE_TEST_SUITE_P(Backends, EngineBasic,
                          ::testing::Combine(::testing::ValuesIn(testing::engine_backends()),
                                             ::testing::Values(2, 3, 4)),
                          param_name);
+
+// make_solo_engine: an engine of one rank, needing no store or peer (a
+// parameter-server worker's own): each collective gives back its input, on
+// the world and on a process set of that one rank.
+TEST(SoloEngine, EveryCollectiveIsThisRanksOwn) {
+  std::unique_ptr<Engine> engine = make_solo_engine();
+  EXPECT_EQ(engine->rank(), 0);
+  EXPECT_EQ(engine->size(), 1);
+  Tensor x({4}, 3);
+  Tensor out({4});
+  engine->allreduce("metric", x.view(), out.view(), {ReduceOp::kAverage});
+  EXPECT_EQ(out.data, x.data);
+  const ProcessSet own = engine->add_process_set({0});
+  RequestOptions on_set;
+  on_set.op = ReduceOp::kSum;
+  on_set.process_set = own.id();
+  engine->allreduce("metric/set", x.view(), out.view(), on_set);
+  EXPECT_EQ(out.data, x.data);
+}
 
 // ---- submit-time argument checks (no other rank needed) -------------------------
 

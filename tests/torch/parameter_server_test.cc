@@ -10,7 +10,8 @@
 //    an async server, which never waits for it to come back once the others
 //    are done; a dead worker restarted over new links rejoins an async or ssp
 //    job and its updates resume (a sync job refuses it); a server that is
-//    gone is a RuntimeFault naming it.
+//    gone is a RuntimeFault naming it; a frozen worker that holds pulls back
+//    is evicted (ssp goes on without it, sync stops naming it).
 #include "kolo/torch/parameter_server.h"
 
 #include <gtest/gtest.h>
@@ -19,6 +20,8 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -527,6 +530,154 @@ TEST(PsFaults, AGoneServerIsARuntimeFaultNamingIt) {
         << e.what();
     EXPECT_EQ(e.failed_ranks(), std::vector<int>{2});
   }
+}
+
+// A frozen worker (a SIGSTOPped process: alive, silent) holds the others'
+// ssp pulls back. Each server evicts it once it has sent nothing for
+// evict_after, asks the launcher to stop it (its generation 0) and goes on:
+// worker 0 finishes its steps long before its own pull timeout, and the
+// frozen worker, woken afterwards, finds its links aborted naming the
+// eviction.
+TEST(PsFaults, AFrozenSspWorkerIsEvictedAndTheOthersGoOn) {
+  constexpr int kWorkers = 2, kServers = 2, kSteps0 = 10;
+  PsOptions options = options_of(Mode::kSsp, 1);
+  options.evict_after = std::chrono::milliseconds(500);
+  torch::manual_seed(5);
+  Mlp initial;
+  auto models = copies(initial, kWorkers + kServers);
+  const std::vector<Batch> batches = ot::make_batches(1, kBatch);
+  std::vector<Links> links = make_thread_links(kWorkers, kServers, kTimeout);
+  struct Asked {
+    int worker;
+    int64_t generation;
+    std::string why;
+  };
+  std::mutex asked_mutex;
+  std::vector<Asked> asked;
+  for (int s = 0; s < kServers; ++s) {
+    auto channel = std::make_shared<RejoinChannel>();
+    channel->announced = [](int) { return int64_t{0}; };
+    channel->accept = [](int, int64_t) -> std::unique_ptr<Communicator> {
+      throw std::logic_error("no worker announced a restart");
+    };
+    channel->close = [] {};
+    channel->evict = [&](int worker, int64_t generation, const std::string& why) {
+      std::lock_guard<std::mutex> lock(asked_mutex);
+      asked.push_back({worker, generation, why});
+      return true;
+    };
+    links[kWorkers + s].rejoin = channel;
+  }
+  std::vector<std::unique_ptr<Server>> servers(kServers);
+  std::atomic<bool> worker0_done{false};
+  double worker0_seconds = 0;
+  std::string woken_error;
+  auto step = [&](Worker& w, Mlp& model) {
+    w.pull();
+    model.zero_grad();
+    ot::loss_of(model, batches[0].x, batches[0].y).backward();
+    w.push();
+  };
+  testing::run_ranks(kWorkers + kServers, [&](int rank) {
+    if (rank >= kWorkers) {
+      auto server = std::make_unique<Server>(models[rank]->named_parameters(),
+                                             factory_of(OptimizerKind::kSgd, 0.01),
+                                             std::move(links[rank]), options);
+      server->run();
+      servers[rank - kWorkers] = std::move(server);
+      return;
+    }
+    Worker w(models[rank]->named_parameters(), std::move(links[rank]), options);
+    if (rank == 0) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < kSteps0; ++i) step(w, *models[0]);
+      worker0_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      w.finish();
+      worker0_done = true;
+      return;
+    }
+    step(w, *models[1]);
+    // Frozen: alive, holding its links, sending nothing.
+    while (!worker0_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    try {
+      step(w, *models[1]);
+    } catch (const RuntimeFault& e) {
+      woken_error = e.what();
+    }
+  });
+  EXPECT_LT(worker0_seconds, 10.0) << "worker 0 waited for the frozen worker";
+  EXPECT_NE(woken_error.find("evicted worker 1"), std::string::npos) << woken_error;
+  ASSERT_EQ(asked.size(), static_cast<size_t>(kServers));
+  for (const Asked& a : asked) {
+    EXPECT_EQ(a.worker, 1);
+    EXPECT_EQ(a.generation, 0);
+    EXPECT_NE(a.why.find("evicted it: it sent nothing for"), std::string::npos) << a.why;
+    EXPECT_NE(a.why.find("while worker 0's pull for step"), std::string::npos) << a.why;
+  }
+  for (int s = 0; s < kServers; ++s) {
+    const Server::Stats stats = servers[s]->stats();
+    EXPECT_EQ(stats.staleness.worker_updates, (std::vector<int64_t>{kSteps0, 1})) << s;
+    EXPECT_LE(stats.staleness.max_staleness, 1) << s;
+    ASSERT_EQ(stats.lost.size(), 1u) << s;
+    EXPECT_NE(stats.lost[0].find("worker 1: evicted: it sent nothing"), std::string::npos)
+        << stats.lost[0];
+  }
+}
+
+// In sync mode every step needs every worker: the frozen worker's eviction
+// stops the job, and the waiting worker's pull fails at once with a
+// RuntimeFault naming the frozen worker, not a timeout naming the server.
+TEST(PsFaults, AFrozenSyncWorkerStopsTheJobNamingIt) {
+  PsOptions options = options_of(Mode::kSync);
+  options.evict_after = std::chrono::milliseconds(500);
+  torch::manual_seed(6);
+  Mlp initial;
+  auto models = copies(initial, 3);
+  const std::vector<Batch> batches = ot::make_batches(1, kBatch);
+  std::vector<Links> links = make_thread_links(2, 1, kTimeout);
+  std::atomic<bool> worker0_failed{false};
+  auto errors = testing::run_ranks_catching(3, [&](int rank) {
+    if (rank == 2) {
+      Server server(models[2]->named_parameters(), factory_of(OptimizerKind::kSgd, 0.01),
+                    std::move(links[2]), options);
+      server.run();
+      return;
+    }
+    Worker w(models[rank]->named_parameters(), std::move(links[rank]), options);
+    if (rank == 1) {
+      w.pull();
+      while (!worker0_failed) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      for (int i = 0; i < 5; ++i) {
+        w.pull();
+        models[0]->zero_grad();
+        ot::loss_of(*models[0], batches[0].x, batches[0].y).backward();
+        w.push();
+      }
+    } catch (...) {
+      EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                10.0);
+      worker0_failed = true;
+      throw;
+    }
+    worker0_failed = true;
+  });
+  ASSERT_TRUE(errors[0]) << "worker 0 trained on without the frozen worker in sync mode";
+  try {
+    std::rethrow_exception(errors[0]);
+  } catch (const TimeoutError& e) {
+    FAIL() << "a timeout, not the eviction: " << e.what();
+  } catch (const RuntimeFault& e) {
+    EXPECT_NE(std::string(e.what()).find("(mode sync) lost worker 1 (world rank 1): evicted: it "
+                                         "sent nothing for"),
+              std::string::npos)
+        << e.what();
+  }
+  ASSERT_TRUE(errors[2]) << "the sync server did not stop";
 }
 
 }  // namespace

@@ -170,5 +170,77 @@ TEST(PsUnderKolorun, AKilledWorkerRejoinsTheAsyncJob) {
   shutdown();
 }
 
+// Run as `kolorun -np 2 --servers 1 --restart-workers 1|0`, mode ssp with
+// max_staleness 1: worker 1 stops itself (SIGSTOP: alive and silent, as a
+// frozen or swapped-out process) after kBefore steps, which holds worker 0's
+// pulls back. The server evicts it after evict_after and asks kolorun to
+// stop it; kolorun kills it and, with a restart left, starts it again, and
+// the new process rejoins and pushes kAfter more. Worker 0 is never the one
+// blamed or restarted: it trains on until the store says the restarted
+// worker is done.
+TEST(PsUnderKolorun, AFrozenSspWorkerIsEvictedAndRejoins) {
+  if (!launched_with_servers()) GTEST_SKIP() << "run by tests/integration/ps_fault_test.cc";
+  constexpr int kBefore = 10, kAfter = 10;
+  init();
+  torch::manual_seed(3);
+  ot::Mlp model;
+  Links links = connect(runtime());
+  const Roles roles = links.roles;
+  const int64_t restart = links.generation;
+  PsOptions options;
+  options.mode = Mode::kSsp;
+  options.max_staleness = 1;
+  options.timeout = std::chrono::seconds(60);
+  options.evict_after = std::chrono::seconds(2);
+  const std::string done_key = "test/restarted_worker_done";
+  const std::shared_ptr<Store> store = runtime().store();
+  if (roles.is_server()) {
+    Server server(model.named_parameters(), sgd(), std::move(links), options);
+    server.run();
+    const Server::Stats stats = server.stats();
+    std::printf("ps eviction: server %d: worker 1 pushed %lld, rejoined %lld time(s)\n",
+                roles.server_index(), static_cast<long long>(stats.staleness.worker_updates[1]),
+                static_cast<long long>(stats.staleness.rejoins[1]));
+    for (const std::string& lost : stats.lost) std::printf("ps eviction: lost %s\n", lost.c_str());
+    std::fflush(stdout);
+    EXPECT_EQ(stats.staleness.worker_updates[1], kBefore + kAfter);
+    EXPECT_EQ(stats.staleness.rejoins, (std::vector<int64_t>{0, 1}));
+    shutdown();
+    return;
+  }
+  const ot::Batch batch = ot::make_batches(1, 8)[0];
+  Worker worker(model.named_parameters(), std::move(links), options);
+  auto step = [&] {
+    worker.pull();
+    model.zero_grad();
+    ot::loss_of(model, batch.x, batch.y).backward();
+    worker.push();
+  };
+  if (roles.worker_index() == 0) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!store->check({done_key}) && std::chrono::steady_clock::now() < deadline) step();
+    EXPECT_TRUE(store->check({done_key})) << "the restarted worker never finished";
+    worker.finish();
+    shutdown();
+    return;
+  }
+  if (restart == 0) {
+    for (int i = 0; i < kBefore; ++i) step();
+    std::printf("ps eviction: worker 1 freezes at step %lld\n",
+                static_cast<long long>(worker.clock()));
+    std::fflush(stdout);
+    raise(SIGSTOP);
+    ADD_FAILURE() << "worker 1 was continued, not killed";
+    return;
+  }
+  std::printf("ps eviction: worker 1 (restart %lld) continues at step %lld\n",
+              static_cast<long long>(restart), static_cast<long long>(worker.clock()));
+  std::fflush(stdout);
+  for (int i = 0; i < kAfter; ++i) step();
+  worker.finish();
+  store->set(done_key, to_bytes("1"));
+  shutdown();
+}
+
 }  // namespace
 }  // namespace kolo::ps

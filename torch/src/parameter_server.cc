@@ -5,10 +5,13 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <exception>
 #include <functional>
 #include <thread>
+#include <utility>
 
 #include "kolo/core/errors.h"
 #include "kolo/torch/ps_embedding.h"
@@ -122,9 +125,29 @@ struct Server::Impl {
   // Per worker: a restarted worker's new link is up but its kRejoin has not
   // come yet (the server must not end while one is on its way back).
   std::vector<bool> rejoining;
+  // Per worker: when its last request came (or its link came up).
+  std::vector<std::chrono::steady_clock::time_point> heard;
+  // Per worker: this server evicted it (evict_silent) and its link has not
+  // come back; the link's failure that follows is not a second loss.
+  std::vector<bool> evicted;
+  // Per worker: the restart generation of its current link (0: first start).
+  std::vector<int64_t> generations;
 
   Impl(int workers, const PsOptions& o)
-      : options(o), clocks(workers, o.mode, o.max_staleness), rejoining(workers, false) {}
+      : options(o),
+        clocks(workers, o.mode, o.max_staleness),
+        rejoining(workers, false),
+        heard(workers, std::chrono::steady_clock::now()),
+        evicted(workers, false),
+        generations(workers, 0) {}
+
+  // PsOptions::evict_after, its 0 resolved against the workers' timeout.
+  std::chrono::milliseconds evict_after() const {
+    if (options.evict_after.count() > 0) return options.evict_after;
+    const std::chrono::milliseconds timeout =
+        options.timeout.count() > 0 ? options.timeout : links.timeout;
+    return timeout * 9 / 10;
+  }
 
   std::string name() const {
     return "kolo::ps::Server " + std::to_string(server) + " (rank " +
@@ -219,6 +242,12 @@ struct Server::Impl {
   void handle_sparse_pull(int worker, const Header& h);
   void handle_sparse_push(int worker, const Header& h);
   void lose(int worker, const std::string& why);
+  void lose_locked(int worker, const std::string& why);
+  // Under `lock`, while `waiting`'s pull for step `clock` cannot be served:
+  // evicts the workers it waits for that have sent nothing for
+  // evict_after() (PsOptions::evict_after), and asks the launcher to stop
+  // them (with the lock released for the store's round trip).
+  void evict_silent(int waiting, int64_t clock, std::unique_lock<std::mutex>& lock);
 };
 
 void Server::Impl::handle_hello(int worker, const Header& h) {
@@ -270,7 +299,15 @@ void Server::Impl::serve_pull(int worker, const Header& h, int64_t count,
   reply.kind = Kind::kReply;
   {
     std::unique_lock<std::mutex> lock(mutex);
-    changed.wait(lock, [&] { return failure || clocks.may_serve_pull(h.clock); });
+    // Checked 8 times per evict_after(), at least every 250 ms: the
+    // eviction comes within 1/8 of it late, before the waiting worker's
+    // own timeout (the default evict_after is 9/10 of it).
+    const auto check = std::max(std::chrono::milliseconds(10),
+                                std::min(std::chrono::milliseconds(250), evict_after() / 8));
+    while (!failure && !clocks.may_serve_pull(h.clock)) {
+      changed.wait_for(lock, check);
+      if (!failure && !clocks.may_serve_pull(h.clock)) evict_silent(worker, h.clock, lock);
+    }
     if (failure) std::rethrow_exception(failure);
     reply.value = clocks.served_pull(worker, h.clock);
     reply.clock = h.clock;
@@ -383,8 +420,58 @@ void Server::Impl::handle_sparse_push(int worker, const Header& h) {
   }
 }
 
+void Server::Impl::evict_silent(int waiting, int64_t clock, std::unique_lock<std::mutex>& lock) {
+  const auto now = std::chrono::steady_clock::now();
+  const std::chrono::milliseconds limit = evict_after();
+  struct Eviction {
+    int worker;
+    int64_t generation;
+    std::string why;
+  };
+  std::vector<Eviction> evictions;
+  for (int w : clocks.holding_back(clock)) {
+    if (now - heard[w] < limit) continue;
+    const double silent = std::chrono::duration<double>(now - heard[w]).count();
+    char seconds[32];
+    std::snprintf(seconds, sizeof(seconds), "%.1f", silent);
+    std::string why =
+        "it sent nothing for " + std::string(seconds) + " s (PsOptions::evict_after " +
+        std::to_string(limit.count()) + " ms) while worker " + std::to_string(waiting) +
+        "'s pull for step " + std::to_string(clock) + " waited for its step " +
+        std::to_string(clocks.next_step(w)) + ", in mode " + describe_mode(mode_word(options)) +
+        ": a frozen process (stopped, swapped out)?";
+    const std::string reason = name() + " evicted worker " + std::to_string(w) + " (world rank " +
+                               std::to_string(w) + "): " + why;
+    lose_locked(w, "evicted: " + why);
+    evicted[w] = true;
+    links.peers[w]->abort(reason, {kWorkerPeer});
+    evictions.push_back(
+        {w, generations[w], "parameter server " + std::to_string(server) + " evicted it: " + why});
+  }
+  if (evictions.empty() || !links.rejoin || !links.rejoin->evict) return;
+  lock.unlock();
+  for (const Eviction& e : evictions) {
+    std::string failed;
+    try {
+      links.rejoin->evict(e.worker, e.generation, e.why);
+    } catch (const std::exception& error) {
+      failed = std::string("asking the launcher to stop it: ") + error.what();
+    }
+    if (!failed.empty()) {
+      std::lock_guard<std::mutex> relock(mutex);
+      lost.push_back("worker " + std::to_string(e.worker) + ": " + failed);
+    }
+  }
+  lock.lock();
+}
+
 void Server::Impl::lose(int worker, const std::string& why) {
   std::lock_guard<std::mutex> lock(mutex);
+  lose_locked(worker, why);
+}
+
+void Server::Impl::lose_locked(int worker, const std::string& why) {
+  if (evicted[worker]) return;  // its link's failure after the eviction: lost already
   clocks.left(worker);
   rejoining[worker] = false;
   if (!why.empty()) lost.push_back("worker " + std::to_string(worker) + ": " + why);
@@ -442,6 +529,9 @@ bool Server::Impl::await_rejoin(int worker, int64_t* generation) {
       std::unique_ptr<Communicator> link = links.rejoin->accept(worker, announced);
       std::lock_guard<std::mutex> lock(mutex);
       links.peers[worker] = std::move(link);
+      evicted[worker] = false;
+      heard[worker] = std::chrono::steady_clock::now();
+      generations[worker] = announced;
       return true;
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lock(mutex);
@@ -459,6 +549,10 @@ bool Server::Impl::serve_link(int worker) {
   try {
     for (;;) {
       const Header h = recv_header(link, kWorkerPeer, kRequestTag, options.idle_timeout, source);
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        heard[worker] = std::chrono::steady_clock::now();
+      }
       switch (h.kind) {
         case Kind::kHello:
           handle_hello(worker, h);
@@ -538,6 +632,8 @@ void Server::add_table(std::shared_ptr<EmbeddingTable> table) {
 
 void Server::run() {
   if (impl_->resume_pending) impl_->resume();
+  // Silence counts from here (evict_after): nobody was served before.
+  std::fill(impl_->heard.begin(), impl_->heard.end(), std::chrono::steady_clock::now());
   std::vector<std::thread> threads;
   for (int w = 0; w < impl_->links.roles.workers; ++w) {
     threads.emplace_back([this, w] { impl_->serve(w); });

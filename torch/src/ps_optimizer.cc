@@ -11,11 +11,12 @@ namespace kolo::ps {
 
 WorkerOptimizer::WorkerOptimizer(Worker& worker, torch::nn::Module& model, const CallOptions& where)
     : worker_(worker), model_(model) {
-  const detail::SetPosition position =
-      detail::set_position(engine_of(where, "kolo::ps::WorkerOptimizer"), where.process_set,
-                           "kolo::ps::WorkerOptimizer");
-  rank_ = position.rank;
-  world_size_ = position.size;
+  // The data is sharded over the workers whatever `where` is (a process set
+  // of them, or an engine of this worker's own).
+  detail::set_position(engine_of(where, "kolo::ps::WorkerOptimizer"), where.process_set,
+                       "kolo::ps::WorkerOptimizer");
+  rank_ = worker_.roles().worker_index();
+  world_size_ = worker_.roles().workers;
   start_step_ = worker_.clock();
   worker_.pull();  // the first step's parameters
 }

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "common.h"
 #include "kolo/core/errors.h"
 #include "kolo/torch/broadcast.h"
 #include "kolo/torch/elastic.h"
@@ -552,9 +553,14 @@ void ModelCheckpoint::on_train_begin(Trainer& trainer) {
     std::error_code ec;
     const bool present =
         std::filesystem::exists(std::filesystem::path(options_.dir) / "index.kolo", ec) && !ec;
-    const double any = metric_average(trainer.rank() == 0 && present ? 1.0 : 0.0,
+    // (Rank 0 of the ranks the collectives run on: a parameter-server
+    // worker of mode async or ssp decides alone, on an engine of its own.)
+    const detail::SetPosition position =
+        detail::set_position(engine_of(trainer.options(), "kolo::ModelCheckpoint"),
+                             trainer.options().process_set, "kolo::ModelCheckpoint");
+    const double any = metric_average(position.rank == 0 && present ? 1.0 : 0.0,
                                       "trainer/checkpoint_present", trainer.options()) *
-                       trainer.world_size();
+                       position.size;
     if (any < 0.5) return;
   }
   const CheckpointState state = load_checkpoint(options_.dir, trainer.optimizer());

@@ -10,6 +10,7 @@
 // owns its communicators, queue, caches and timeline.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -316,6 +317,14 @@ Engine::Engine(std::unique_ptr<Communicator> world, CommunicatorFactory factory,
     : impl_(std::make_unique<Impl>(std::move(world), std::move(factory), options)) {}
 
 Engine::~Engine() = default;
+
+std::unique_ptr<Engine> make_solo_engine(const EngineOptions& options) {
+  CommunicatorFactory one_rank = [](const std::vector<int>&, int) {
+    return std::move(make_thread_communicators(1).front());
+  };
+  return std::make_unique<Engine>(std::move(make_thread_communicators(1).front()), one_rank,
+                                  options);
+}
 
 int Engine::rank() const { return impl_->rank; }
 int Engine::size() const { return impl_->size; }

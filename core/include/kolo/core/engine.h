@@ -265,5 +265,12 @@ class Engine {
   std::unique_ptr<Impl> impl_;
 };
 
+// An engine of this rank alone (a one-rank world of the threads backend; no
+// store, no other process): every collective completes with this rank's own
+// data. For a parameter-server worker in mode async or ssp, whose own
+// collectives (metric averages, a Trainer's) must never wait for another
+// worker that may be frozen or restarting.
+std::unique_ptr<Engine> make_solo_engine(const EngineOptions& options = {});
+
 }  // namespace kolo
 #pragma GCC visibility pop

@@ -186,6 +186,10 @@ class ServerClocks {
   bool round_complete() const;
   // The sync round was applied (after pushed() returned true).
   void round_applied();
+  // The live workers that a pull for step `clock` waits for: sync, those that
+  // have not pushed step clock - 1; ssp, those more than max_staleness + 1
+  // steps behind; empty when may_serve_pull(clock).
+  std::vector<int> holding_back(int64_t clock) const;
   // The worker left (kDone) or its link failed; it no longer holds anyone back.
   void left(int worker);
   // The step a restarted `worker` should continue from: the slowest live
@@ -243,11 +247,19 @@ struct RejoinChannel {
   std::function<std::unique_ptr<Communicator>(int worker, int64_t generation)> accept;
   // This server has ended: a restarted worker that comes now is refused.
   std::function<void()> close;
+  // Asks the launcher to stop `worker` in its restart `generation`, which
+  // this server evicted for sending nothing while others waited for it
+  // (Runtime::request_eviction; under kolorun it is killed and, with
+  // --restart-workers, restarted). False when no launcher can be asked.
+  std::function<bool(int worker, int64_t generation, const std::string& why)> evict;
 };
 
 struct Links {
   Roles roles;
   std::vector<std::unique_ptr<Communicator>> peers;
+  // The links' default per-call timeout (KOLO_TIMEOUT_SECONDS; a timeout of
+  // 0 in PsOptions means this).
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
   // On a worker: its restart generation (KOLO_PS_REJOIN; 0: first start).
   int64_t generation = 0;
   // On a server built by connect(): how restarted workers reach it again.

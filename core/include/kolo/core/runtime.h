@@ -115,6 +115,14 @@ class Runtime {
   std::unique_ptr<Communicator> group_communicator(const std::vector<int>& ranks,
                                                    const std::string& name);
 
+  // Asks the launcher to stop rank `rank` in its `start`-th restart (0: its
+  // first start), which this rank found frozen (a parameter server whose
+  // pulls wait for a worker that sends nothing): kolorun kills it and, with
+  // --restart-workers, starts it again. `why` ends kolorun's report of it.
+  // False, asking nothing, when the launcher is not kolorun; a RuntimeFault
+  // when its store cannot be reached.
+  bool request_eviction(int rank, int64_t start, const std::string& why);
+
  private:
   // The engine's communicator built from `base` and its process-set
   // factory (for the member of world rank `world_rank`); `world_check`, when
@@ -125,11 +133,11 @@ class Runtime {
                                                   std::function<void()> world_check = {});
   // `options` with exit_check_ as its rendezvous_check when it has none.
   CommunicatorOptions with_exit_check(CommunicatorOptions options) const;
+  // Why world() and engine() are refused on a rejoined rank.
+  std::string no_world(const std::string& call) const;
   // The options of a communicator of `ranks` (sorted world ranks) derived
   // from `base` under `prefix`: the engine's process sets and
   // group_communicator() build theirs the same way.
-  // Why world() and engine() are refused on a rejoined rank.
-  std::string no_world(const std::string& call) const;
   static CommunicatorOptions group_options(const CommunicatorOptions& base,
                                            const std::vector<int>& ranks, int world_rank,
                                            const std::string& prefix, const std::string& what);
@@ -146,6 +154,9 @@ class Runtime {
   // already exited 0 (core/src/exit_notices.h); empty otherwise. Not for
   // process sets, which a finished rank outside them may have left.
   std::function<void()> exit_check_;
+  // Under kolorun: its store at the root, where its notices live
+  // (exit_notices.h); null otherwise.
+  std::shared_ptr<Store> launcher_store_;
   std::unique_ptr<Communicator> engine_comm_;  // ranks as threads: handed in
   CommunicatorFactory engine_factory_;         // ranks as threads: handed in
   std::mutex engine_mutex_;                    // engine_ and replica_groups_

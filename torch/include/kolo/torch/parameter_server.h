@@ -86,6 +86,15 @@ struct PsOptions {
   std::chrono::milliseconds timeout{0};
   // A server counts a worker that sends no request for this long as gone.
   std::chrono::milliseconds idle_timeout = std::chrono::hours(24);
+  // A pull that waits for other workers (sync, ssp) makes the server evict
+  // each of them that has sent it nothing for this long (a frozen process:
+  // SIGSTOP, swapped out): its link is aborted, it no longer holds anyone
+  // back, and the launcher is asked to stop it (RejoinChannel::evict: under
+  // kolorun it is killed and, with --restart-workers, restarted to rejoin).
+  // Async and ssp go on with the others; sync stops naming it. 0 = 9/10 of
+  // the timeout, so that the eviction comes before the waiting worker's own
+  // wait ends.
+  std::chrono::milliseconds evict_after{0};
   // Server checkpoints (docs/strategies.md; the servers act on them, a
   // WorkerOptimizer's checkpoints check them on the workers): every
   // checkpoint_every steps (0 = never) each server writes its shard to

@@ -3,9 +3,16 @@
 // kolo::Trainer and its callbacks train a model on the parameter server as
 // they train it with DistributedOptimizer:
 //
-//   kolo::ProcessSet workers = engine.add_process_set({0, ..., W - 1});  // every rank
+//   // mode sync: the workers' collectives among them (every rank adds the set)
+//   kolo::ProcessSet workers = engine.add_process_set({0, ..., W - 1});
+//   kolo::CallOptions where{.process_set = workers.id()};
+//   // modes async and ssp: each worker's own (kolo::make_solo_engine)
+//   std::unique_ptr<kolo::Engine> own = kolo::make_solo_engine();
+//   kolo::CallOptions where{.engine = own.get()};
+//
 //   kolo::ps::Worker worker(model->named_parameters(), std::move(links), ps_options);
-//   kolo::ps::WorkerOptimizer optimizer(worker, *model, {.process_set = workers.id()});
+//   kolo::ps::WorkerOptimizer optimizer(worker, *model, where);
+//   // trainer_options: a TrainerOptions whose CallOptions are `where`
 //   kolo::Trainer trainer(*model, forward, loss, optimizer, trainer_options);
 //
 // The constructor pulls the servers' parameters into the model (the first
@@ -16,9 +23,14 @@
 //
 // The optimizer itself lives on the servers: optimizer() is a ContractError
 // (callbacks that change its rate, LearningRateWarmup, cannot run; the rate
-// is the servers' optimizer's). rank() and world_size() are
-// this worker's among the workers (the process set of `where`, which holds
-// the workers only: the servers run no collectives).
+// is the servers' optimizer's). rank() and world_size() are this worker's
+// index and the number of workers (Roles), over which the data is sharded.
+// `where` runs the Trainer's collectives (metric averages): in sync mode the
+// workers' process set (the servers run no collectives), where every step
+// waits for every worker anyway; in async and ssp modes an engine of the
+// worker's own, so that no worker ever waits for another (one evicted as
+// frozen, or restarted: a restarted worker has no world to share) and each
+// reports its own metrics.
 //
 // Checkpoints (save_checkpoint / load_checkpoint of parallel_optimizer.h,
 // and so kolo::ModelCheckpoint): the servers' shards are the checkpoint
@@ -58,7 +70,7 @@ namespace kolo::ps {
 class WorkerOptimizer : public ParallelOptimizer {
  public:
   // `worker` and `model` (whose parameters `worker` was built over) must
-  // outlive this. `where`: the workers' process set (rank and world size).
+  // outlive this, and so must `where`'s engine.
   WorkerOptimizer(Worker& worker, torch::nn::Module& model, const CallOptions& where);
 
   // push() this step's gradients, then pull() the next step's parameters.
