@@ -1,5 +1,6 @@
 // Parameter server, libtorch side: the servers' slices and optimizer, the
-// workers' pull and push (protocol and clocks: kolo/core/parameter_server.h).
+// workers' pull and push (messages and clocks: ps_protocol.h; links:
+// kolo/core/parameter_server.h).
 #include "kolo/torch/parameter_server.h"
 
 #include <torch/torch.h>
@@ -17,6 +18,7 @@
 #include "kolo/torch/ps_embedding.h"
 #include "kolo/torch/tensor.h"
 #include "ps_checkpoint.h"
+#include "ps_protocol.h"
 
 namespace kolo::ps {
 namespace {

@@ -55,6 +55,8 @@
 // "Rejoining"): the same program, whose Worker continues at the slowest live
 // worker's step; a server ends once every worker has finished or left and
 // none is coming back (it never waits for a worker that is not restarted).
+// A worker alive but silent while others' pulls wait for it (a frozen
+// process) is evicted after PsOptions::evict_after, and kolorun stops it.
 #pragma once
 
 #include <torch/optim/optimizer.h>
@@ -111,9 +113,15 @@ struct PsOptions {
   std::string resume_from;
 };
 
-// Staleness as both sides record it: stats.counts[k] updates were computed
-// at staleness k (the last bin counts k and more).
-using StalenessStats = ServerClocks::Stats;
+// What a server records of its workers' updates.
+struct StalenessStats {
+  int64_t updates = 0;        // pushes applied (sync: pushes received)
+  int64_t max_staleness = 0;  // largest staleness any update was computed at
+  // counts[k]: updates computed at staleness k (the last bin counts k and more)
+  std::vector<int64_t> counts;
+  std::vector<int64_t> worker_updates;  // per worker: its pushes received
+  std::vector<int64_t> rejoins;         // per worker: times it came back after leaving
+};
 
 class EmbeddingTable;  // kolo/torch/ps_embedding.h
 
