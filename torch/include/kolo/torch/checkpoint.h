@@ -3,12 +3,14 @@
 //
 // The file is kolo's checked container (kolo/core/checked_file.h: magic
 // "KOLOCKPT", container version, payload size, CRC-32 of the payload and of
-// the header; written atomically, verified on reading). Its payload is a
-// torch::serialize archive (torch's zip format, key "format" = 1) with the
-// model's parameters and buffers, the optimizer's state and parameter-group
-// options, epoch, step, seed, sampler position, every rank's default CPU
-// generator state and the extras. A missing, truncated or corrupt file is a
-// ContractError naming the file and what is wrong.
+// the header; written atomically, verified on reading). Its payload is an
+// archive in kolo's own encoding ("KOLOARCH": every size is checked before
+// anything is allocated, so libtorch's reader never sees bytes from a file;
+// key "format" = 1) with the model's parameters and buffers, the
+// optimizer's state and parameter-group options, epoch, step, seed, sampler
+// position, every rank's default CPU generator state and the extras. A
+// missing, truncated or corrupt file is a ContractError naming the file and
+// what is wrong.
 #pragma once
 
 #include <cstddef>

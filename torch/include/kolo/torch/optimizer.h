@@ -33,10 +33,8 @@
 // cores divided among the local workers) a gradient reduced during backward
 // takes CPU from it, and its allreduce is cut into many peer
 // synchronisations, each one a wake-up and a context switch on a busy core.
-// Measured on 2 workers x 1 thread on 2 cores (docs/benchmarks.md): the seed
-// CNN (4.8 MB of gradients) trains faster with one bucket at the end than
-// with each gradient alone, and a 20M-parameter MLP (80 MB) is faster with
-// its 64 MB layer overlapped than with everything at the end.
+// Which layout is faster depends on the model and the host: docs/
+// benchmarks.md has the measurements.
 //
 // Every step, every rank submits the same set of gradients: all parameters of
 // the wrapped optimizer that require a gradient when the DistributedOptimizer
