@@ -110,6 +110,19 @@ void apply_lr(torch::optim::Optimizer& optimizer, double lr) {
   }
 }
 
+void apply_lr(torch::optim::Optimizer& optimizer, size_t group, double lr) {
+  const std::string op = "kolo::apply_lr";
+  auto& groups = optimizer.param_groups();
+  if (group >= groups.size() || !groups[group].has_options()) {
+    throw ContractError(op + ": group " + std::to_string(group) +
+                        (group >= groups.size()
+                             ? " does not exist (the optimizer has " +
+                                   std::to_string(groups.size()) + " parameter groups)"
+                             : " has no options"));
+  }
+  with_lr_options(groups[group].options(), op, [lr](double& value) { value = lr; });
+}
+
 double current_lr(const torch::optim::Optimizer& optimizer, size_t group) {
   const std::string op = "kolo::current_lr";
   const auto& groups = optimizer.param_groups();

@@ -41,5 +41,6 @@
 #include "kolo/torch/sampler.h"
 #include "kolo/torch/tensor.h"
 #include "kolo/torch/tensor_parallel.h"
+#include "kolo/torch/torch_optimizer.h"
 #include "kolo/torch/trainer.h"
 #include "kolo/torch/zero.h"

@@ -67,6 +67,8 @@ class LrSchedule {
 // Adam, AdamW, RMSprop, Adagrad and LBFGS, and any optimizer whose options
 // override OptimizerOptions::set_lr; any other is a ContractError.
 void apply_lr(torch::optim::Optimizer& optimizer, double lr);
+// The same for parameter group `group` only.
+void apply_lr(torch::optim::Optimizer& optimizer, size_t group, double lr);
 // The learning rate of parameter group `group` (same optimizers).
 double current_lr(const torch::optim::Optimizer& optimizer, size_t group = 0);
 
