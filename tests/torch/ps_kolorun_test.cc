@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -32,6 +33,25 @@ PsOptions async_options() {
   options.mode = Mode::kAsync;
   options.timeout = std::chrono::seconds(60);  // far beyond how long a fault takes
   return options;
+}
+
+// One step of a worker: pull, the gradient of `batch`, push.
+void train_step(Worker& worker, ot::Mlp& model, const ot::Batch& batch) {
+  worker.pull();
+  model.zero_grad();
+  ot::loss_of(model, batch.x, batch.y).backward();
+  worker.push();
+}
+
+// The healthy worker of the restart tests: steps until the restarted worker
+// sets `done_key` in the store (at most `limit`), then finishes and shuts down.
+void train_until_done(Worker& worker, const std::function<void()>& step, Store& store,
+                      const std::string& done_key, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!store.check({done_key}) && std::chrono::steady_clock::now() < deadline) step();
+  EXPECT_TRUE(store.check({done_key})) << "the restarted worker never finished";
+  worker.finish();
+  shutdown();
 }
 
 OptimizerFactory sgd() {
@@ -138,18 +158,9 @@ TEST(PsUnderKolorun, AKilledWorkerRejoinsTheAsyncJob) {
   }
   const ot::Batch batch = ot::make_batches(1, 8)[0];
   Worker worker(model.named_parameters(), std::move(links), options);
-  auto step = [&] {
-    worker.pull();
-    model.zero_grad();
-    ot::loss_of(model, batch.x, batch.y).backward();
-    worker.push();
-  };
+  auto step = [&] { train_step(worker, model, batch); };
   if (roles.worker_index() == 0) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
-    while (!store->check({done_key}) && std::chrono::steady_clock::now() < deadline) step();
-    EXPECT_TRUE(store->check({done_key})) << "the restarted worker never finished";
-    worker.finish();
-    shutdown();
+    train_until_done(worker, step, *store, done_key, std::chrono::seconds(180));
     return;
   }
   if (restart == 0) {
@@ -210,18 +221,9 @@ TEST(PsUnderKolorun, AFrozenSspWorkerIsEvictedAndRejoins) {
   }
   const ot::Batch batch = ot::make_batches(1, 8)[0];
   Worker worker(model.named_parameters(), std::move(links), options);
-  auto step = [&] {
-    worker.pull();
-    model.zero_grad();
-    ot::loss_of(model, batch.x, batch.y).backward();
-    worker.push();
-  };
+  auto step = [&] { train_step(worker, model, batch); };
   if (roles.worker_index() == 0) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (!store->check({done_key}) && std::chrono::steady_clock::now() < deadline) step();
-    EXPECT_TRUE(store->check({done_key})) << "the restarted worker never finished";
-    worker.finish();
-    shutdown();
+    train_until_done(worker, step, *store, done_key, std::chrono::seconds(120));
     return;
   }
   if (restart == 0) {

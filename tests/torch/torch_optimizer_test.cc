@@ -84,16 +84,28 @@ TEST(TorchOptimizer, TwoRanksThroughLibtorchsInterfaceAndStepLRMatchOneProcess) 
   EXPECT_GT((expected->fc1->weight - initial.fc1->weight).abs().max().item<double>(), 1e-3);
 }
 
+// One rank: SGD under a DistributedOptimizer under a TorchOptimizer.
+struct OneRank {
+  ot::Mlp model;
+  ot::EngineWorld world{"threads", 1};
+  std::unique_ptr<Engine> engine = world.engine(0);
+  torch::optim::SGD sgd{model.parameters(), torch::optim::SGDOptions(kLr)};
+  DistributedOptimizerOptions options = [this] {
+    DistributedOptimizerOptions o;
+    o.engine = engine.get();
+    return o;
+  }();
+  DistributedOptimizer distributed{sgd, model.named_parameters(), options};
+  TorchOptimizer optimizer{distributed};
+  ~OneRank() { ot::finish(*engine); }
+};
+
 TEST(TorchOptimizer, ARateSetOnEitherSideIsTheNextStepsRate) {
   torch::manual_seed(12);
-  ot::Mlp model;
-  ot::EngineWorld world("threads", 1);
-  auto engine = world.engine(0);
-  torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(kLr));
-  DistributedOptimizerOptions options;
-  options.engine = engine.get();
-  DistributedOptimizer distributed(sgd, model.named_parameters(), options);
-  TorchOptimizer optimizer(distributed);
+  OneRank one;
+  ot::Mlp& model = one.model;
+  TorchOptimizer& optimizer = one.optimizer;
+  torch::optim::SGD& sgd = one.sgd;
   const ot::Batch batch = ot::make_batches(1, kBatch)[0];
   auto step = [&] {
     optimizer.zero_grad();
@@ -107,19 +119,14 @@ TEST(TorchOptimizer, ARateSetOnEitherSideIsTheNextStepsRate) {
   step();
   EXPECT_DOUBLE_EQ(current_lr(optimizer), 0.002);
   EXPECT_DOUBLE_EQ(current_lr(sgd), 0.002);
-  ot::finish(*engine);
 }
 
 TEST(TorchOptimizer, WhatCannotRunAcrossRanksIsAContractError) {
   torch::manual_seed(13);
-  ot::Mlp model;
-  ot::EngineWorld world("threads", 1);
-  auto engine = world.engine(0);
-  torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(kLr));
-  DistributedOptimizerOptions options;
-  options.engine = engine.get();
-  DistributedOptimizer distributed(sgd, model.named_parameters(), options);
-  TorchOptimizer optimizer(distributed);
+  OneRank one;
+  ot::Mlp& model = one.model;
+  TorchOptimizer& optimizer = one.optimizer;
+  const DistributedOptimizerOptions& options = one.options;
   EXPECT_THROW(optimizer.step([] { return torch::zeros({}); }), ContractError);
   std::ostringstream out;
   EXPECT_THROW(torch::save(optimizer, out), ContractError);
@@ -129,7 +136,6 @@ TEST(TorchOptimizer, WhatCannotRunAcrossRanksIsAContractError) {
   other.name_prefix = "other/";
   DistributedOptimizer synchronize_only(named, other);
   EXPECT_THROW(TorchOptimizer{synchronize_only}, ContractError);
-  ot::finish(*engine);
 }
 
 }  // namespace
