@@ -321,15 +321,19 @@ int launch(const LaunchOptions& options) {
   supervisor_options.grace_seconds = options.grace_seconds;
   supervisor_options.job_timeout_seconds = options.job_timeout_seconds;
   supervisor_options.signal_fd = signal_fd;
-  // kolorun's own client of its store, made at the first early exit.
+  // kolorun's own client of its store, made at its first use (an early
+  // exit to announce, an eviction poll).
   std::shared_ptr<Store> own_store;
+  auto own_client = [&]() -> Store& {
+    if (!own_store) {
+      own_store = connect_tcp_store("127.0.0.1", store->port(), std::chrono::seconds(10), secret);
+    }
+    return *own_store;
+  };
   supervisor_options.on_clean_exit = [&](int rank) {
     if (world_size < 2) return;
     try {
-      if (!own_store) {
-        own_store = connect_tcp_store("127.0.0.1", store->port(), std::chrono::seconds(10), secret);
-      }
-      detail::announce_clean_exit(*own_store, rank);
+      detail::announce_clean_exit(own_client(), rank);
     } catch (const std::exception& e) {
       std::cerr << "kolorun: cannot tell the other ranks through the store that rank " << rank
                 << " exited: " << e.what() << std::endl;
@@ -356,10 +360,7 @@ int launch(const LaunchOptions& options) {
     };
     // A worker that a server finds frozen is killed (and restarted as above).
     supervisor_options.evictions = [&, seen = int64_t{0}]() mutable {
-      if (!own_store) {
-        own_store = connect_tcp_store("127.0.0.1", store->port(), std::chrono::seconds(10), secret);
-      }
-      return detail::new_evictions(*own_store, &seen);
+      return detail::new_evictions(own_client(), &seen);
     };
   }
   Outcome outcome;

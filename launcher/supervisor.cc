@@ -139,9 +139,8 @@ void Supervisor::poll_evictions() {
     const int start =
         generations_.size() > static_cast<size_t>(request.rank) ? generations_[request.rank] : 0;
     if (request.start != start) continue;  // a request about an earlier start
-    if (evicted_.size() <= static_cast<size_t>(request.rank)) evicted_.resize(request.rank + 1);
-    if (!evicted_[request.rank].empty()) continue;  // another server asked first
-    evicted_[request.rank] = request.why;
+    if (!evicted_.emplace(request.rank, request.why).second)
+      continue;  // another server asked first
     std::fprintf(stderr, "kolorun: %s: %s; killing it\n", describe_rank(*worker).c_str(),
                  request.why.c_str());
     std::fflush(stderr);
@@ -150,10 +149,9 @@ void Supervisor::poll_evictions() {
 }
 
 std::string Supervisor::describe_end(const PoolWorker& worker) const {
-  if (evicted_.size() > static_cast<size_t>(worker.id) && !evicted_[worker.id].empty()) {
-    return "was evicted (" + evicted_[worker.id] + ") and " + describe_status(worker.status);
-  }
-  return describe_status(worker.status);
+  const auto evicted = evicted_.find(worker.id);
+  if (evicted == evicted_.end()) return describe_status(worker.status);
+  return "was evicted (" + evicted->second + ") and " + describe_status(worker.status);
 }
 
 void Supervisor::on_signal(int signal_number) {
@@ -178,7 +176,7 @@ void Supervisor::on_exit(const PoolWorker& worker) {
                  options_.restart_workers);
     std::fflush(stderr);
     pending_restarts_.push_back(worker.id);
-    if (evicted_.size() > static_cast<size_t>(worker.id)) evicted_[worker.id].clear();
+    evicted_.erase(worker.id);
     return;
   }
   if (failed(worker.status) && !stopping_) {

@@ -25,6 +25,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -103,6 +104,8 @@ class Supervisor {
   // How long the pool may wait: until --job-timeout, and a poll interval
   // when evictions are polled.
   std::optional<Clock::duration> next_wait();
+  // describe_status(), saying first that the worker was evicted if it was.
+  std::string describe_end(const PoolWorker& worker) const;
   // "rank 2 (parameter server 0; pid 7 on host)" / "rank 1 (pid 7 on host)".
   std::string describe_rank(const PoolWorker& worker) const;
   void on_signal(int signal_number);
@@ -124,10 +127,9 @@ class Supervisor {
   int restarts_ = 0;                   // restarts started or queued
   std::vector<int> generations_;       // per rank: its restarts so far
   std::vector<int> pending_restarts_;  // ranks to start again
-  // Per rank: why it was evicted, while its evicted start has not been
-  // reaped yet (it then describes its end).
-  std::vector<std::string> evicted_;
-  std::string describe_end(const PoolWorker& worker) const;
+  // Why each evicted rank was evicted, until its restart (its report of
+  // the end of the evicted start reads it).
+  std::map<int, std::string> evicted_;
 };
 
 // "exited with code 3" / "killed by signal 9 (SIGKILL)" for a wait status.

@@ -12,7 +12,6 @@ namespace kolo::detail {
 namespace {
 
 constexpr const char* kExitsKey = "launcher/exits";
-
 constexpr const char* kEvictionsKey = "launcher/evictions";
 
 std::string exited_key(int rank) { return "launcher/exited/" + std::to_string(rank); }
@@ -56,8 +55,8 @@ void request_eviction(Store& store, int rank, int64_t start, const std::string& 
 std::vector<EvictionRequest> new_evictions(Store& store, int64_t* seen) {
   std::vector<EvictionRequest> requests;
   const int64_t made = store.add(kEvictionsKey, 0);
-  // A request is counted before its text is set: wait for the text briefly,
-  // and leave the rest for the next call if it is not there yet.
+  // A request is counted before its text is set: one whose text is not
+  // there yet is left, with those after it, for the next call.
   while (*seen < made) {
     const std::string key = eviction_key(*seen + 1);
     if (!store.check({key})) break;
